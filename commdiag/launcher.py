@@ -1,0 +1,120 @@
+"""One torchrun launch under a deadline: argv, environment, supervision, and cleanup.
+
+Every launch is a fresh ``python -m torch.distributed.run`` in its own session, with
+an explicit environment: the user's, then the config's variables, then commdiag's
+own (a unique ``COMMDIAG_LAUNCH_ID`` marker, and NCCL's debug settings unless the
+user set NCCL_DEBUG).  The deadline covers start, measurement and teardown (a
+teardown hang after CUDA-graph capture has been seen on real GPUs).  Past it the
+whole process group gets SIGTERM, a grace period, then SIGKILL; finally every
+process still carrying the launch's marker in its environment is killed, which
+also catches workers that left the group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+KILL_GRACE_S = 5.0  # torchrun forwards SIGTERM to its workers; give them this long to exit
+MARKER = "COMMDIAG_LAUNCH_ID"
+_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    exit_code: int | None
+    timed_out: bool
+    wall_s: float
+    killed_survivors: int
+    interrupted: bool = False
+
+
+def torchrun_argv(nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id: str,
+                  join_timeout_s: float, plan_path: Path) -> list[str]:
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--max-restarts=0"]
+    if nnodes > 1:
+        argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+                 f"--rdzv-id={rdzv_id}", f"--rdzv-conf=join_timeout={int(join_timeout_s)}"]
+    else:
+        argv += ["--standalone", "--nnodes=1"]
+    return argv + ["-m", "commdiag.worker", "--plan", str(plan_path)]
+
+
+def launch_env(base: dict[str, str], config_env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    env.update(config_env)
+    env.update(extra)
+    # The worker is started with -m commdiag.worker: make sure it imports this very commdiag.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, base.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def new_marker() -> str:
+    return uuid.uuid4().hex
+
+
+def run(argv: list[str], env: dict[str, str], log_path: Path, deadline_s: float) -> LaunchOutcome:
+    """Run ``argv`` to completion or to its deadline; no process of it survives."""
+    marker = env[MARKER]
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        timed_out = interrupted = False
+        try:
+            proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _terminate_group(proc)
+        except KeyboardInterrupt:
+            interrupted = True
+            _terminate_group(proc)
+        wall = time.monotonic() - t0
+    killed = kill_marked(marker)
+    return LaunchOutcome(None if timed_out or interrupted else proc.returncode, timed_out, wall, killed,
+                         interrupted)
+
+
+def _terminate_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes whose environment carries ``COMMDIAG_LAUNCH_ID=marker`` (Linux /proc)."""
+    needle = f"{MARKER}={marker}".encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def kill_marked(marker: str) -> int:
+    pids = marked_pids(marker)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)

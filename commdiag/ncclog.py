@@ -1,0 +1,56 @@
+"""Parse NCCL's own debug output: what NCCL says it applied.
+
+With ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV`` NCCL prints, once per process at
+init, ``NCCL_PROTO set by environment to LL`` for every variable it read (from
+the process environment or from nccl.conf, which NCCL loads with setenv without
+overwriting).  Integer parameters end with a period (``... to 16.``), strings do
+not.  Lines look like ``host:pid:tid [cudaDev] NCCL INFO <message>``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_PREFIX = re.compile(r"^(?P<host>[^:\s]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>\w+) (?P<msg>.*)$")
+_SET = re.compile(r"^(?P<name>NCCL_\w+) set by environment to (?P<value>.*)$")
+_VERSION = re.compile(r"^NCCL version (?P<version>\S+)")
+
+
+@dataclass
+class ProcessLog:
+    """What one NCCL process said: its variables as NCCL applied them, and its version."""
+
+    host: str
+    pid: int
+    device: int
+    applied: dict[str, str] = field(default_factory=dict)
+    version: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _value(raw: str) -> str:
+    raw = raw.rstrip()
+    # "%lld." for integer parameters: drop the sentence's period, keep string values intact.
+    if raw.endswith(".") and re.fullmatch(r"-?\d+\.", raw):
+        return raw[:-1]
+    return raw
+
+
+def parse(text: str) -> dict[int, ProcessLog]:
+    """Map pid -> ProcessLog for every NCCL process seen in ``text`` (other lines are ignored)."""
+    procs: dict[int, ProcessLog] = {}
+    for line in text.splitlines():
+        m = _PREFIX.match(line.strip())
+        if not m:
+            continue
+        pid = int(m["pid"])
+        proc = procs.setdefault(pid, ProcessLog(m["host"], pid, int(m["dev"])))
+        msg = m["msg"]
+        if (s := _SET.match(msg)) :
+            proc.applied[s["name"]] = _value(s["value"])
+        elif (v := _VERSION.match(msg)):
+            proc.version = v["version"]
+        elif m["level"] == "WARN":
+            proc.warnings.append(msg)
+    return procs

@@ -1,0 +1,172 @@
+"""The run folder and its versioned on-disk formats.
+
+Layout of a run folder (``reports/<UTC timestamp>-<name>/`` by default)::
+
+    run.json             format "commdiag-run": spec as given and resolved, every config's
+                         env, the launch order and seed, every launch's status, the
+                         environment fingerprint.  Rewritten atomically after every launch.
+    launches/NNNN/       one folder per launch: plan.json (what the worker was told),
+                         result.json (all ranks' raw samples, written by the worker),
+                         torchrun.log, NCCL debug files, rank<N>.error.txt on failure.
+    samples.csv          tidy, one row per sample (max over ranks per iteration).
+    summary.csv          per config x size x mode: medians, spread, launches, bandwidth, #wrong.
+
+samples.csv and summary.csv are derived from the launch folders (``assemble``), so
+an interrupted sweep loses nothing already measured.
+
+Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
+    1  first version (launch statuses: pending, ok, failed, timeout, incorrect).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import collectives
+from .atomic import write_json, write_text
+from .errors import CommdiagError
+
+RUN_FORMAT = "commdiag-run"
+RUN_FORMAT_VERSION = 1
+
+SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "iteration", "time_us", "enqueue_us"]
+SUMMARY_COLUMNS = ["config", "size_bytes", "tokens", "mode", "median_us", "p10_us", "p90_us",
+                   "launch_median_min_us", "launch_median_max_us", "launches", "samples",
+                   "algbw_gbps", "busbw_gbps", "wrong"]
+
+# Launch statuses.  "pending" launches are (re)run by --resume; the others are final.
+PENDING, OK, FAILED, TIMEOUT, INCORRECT = "pending", "ok", "failed", "timeout", "incorrect"
+FINAL_STATUSES = (OK, FAILED, TIMEOUT, INCORRECT)
+
+
+def launch_dir(run_dir: Path, index: int) -> Path:
+    return Path(run_dir) / "launches" / f"{index:04d}"
+
+
+def save_run(run_dir: Path, run: dict) -> None:
+    write_json(Path(run_dir) / "run.json", run)
+
+
+def load_run_json(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / "run.json"
+    try:
+        run = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag run folder?") from None
+    except (OSError, ValueError) as e:
+        raise CommdiagError(f"{path}: cannot read: {e}") from None
+    if run.get("format") != RUN_FORMAT:
+        raise CommdiagError(f"{path}: format: {run.get('format')!r} is not a commdiag run ({RUN_FORMAT!r})")
+    version = run.get("version")
+    if not isinstance(version, int) or version > RUN_FORMAT_VERSION:
+        raise CommdiagError(
+            f"{path}: version: {version!r} is newer than this commdiag understands "
+            f"(<= {RUN_FORMAT_VERSION}); upgrade commdiag to read it")
+    return run
+
+
+def read_launch_result(run_dir: Path, index: int) -> dict | None:
+    try:
+        return json.loads((launch_dir(run_dir, index) / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def launch_samples(result: dict, launch: dict, tokens_by_size: dict[int, int | None]) -> list[tuple]:
+    """Rows of samples.csv for one launch: per iteration, the max over ranks."""
+    ranks = result["ranks"]
+    rows = []
+    for mode, by_size in ranks[0]["samples"].items():
+        for size_key in by_size:
+            per_rank = [r["samples"][mode][size_key] for r in ranks]
+            times = [max(vals) for vals in zip(*per_rank)]
+            enq = None
+            if mode == "eager" and all(size_key in r.get("enqueue_us", {}) for r in ranks):
+                enq = [max(vals) for vals in zip(*(r["enqueue_us"][size_key] for r in ranks))]
+            size = int(size_key)
+            for i, t in enumerate(times):
+                rows.append((launch["config"], launch["trial"], launch["index"], size, tokens_by_size.get(size),
+                             mode, i, round(t, 4), None if enq is None else round(enq[i], 4)))
+    return rows
+
+
+def assemble(run_dir: str | Path, run: dict | None = None):
+    """(Re)build samples.csv and summary.csv from the launch folders; returns (samples, summary)."""
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    run = run or load_run_json(run_dir)
+    tokens_by_size = {s["bytes"]: s["tokens"] for s in run["spec"]["sizes"]}
+    rows, wrong = [], {}
+    for launch in run["launches"]:
+        if launch["status"] == PENDING:
+            continue
+        result = read_launch_result(run_dir, launch["index"])
+        if result is None:
+            continue
+        rows.extend(launch_samples(result, launch, tokens_by_size))
+        for r in result["ranks"]:
+            for size_key, n in r["wrong"].items():
+                key = (launch["config"], int(size_key))
+                wrong[key] = wrong.get(key, 0) + n
+    samples = pd.DataFrame(rows, columns=SAMPLES_COLUMNS)
+    samples["tokens"] = samples["tokens"].astype("Int64")
+    write_text(run_dir / "samples.csv", samples.to_csv(index=False))
+    summary = summarize(samples, wrong, nranks=run.get("world_size") or 0)
+    write_text(run_dir / "summary.csv", summary.to_csv(index=False))
+    return samples, summary
+
+
+def summarize(samples, wrong: dict, nranks: int):
+    """Per config x size x mode: median of launch medians, pooled p10/p90, the range of
+    launch medians (between-launch noise), launch count, bandwidths, wrong elements."""
+    import pandas as pd
+
+    if samples.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    keys = ["config", "size_bytes", "tokens", "mode"]
+    per_launch = samples.groupby(keys + ["launch"], dropna=False)["time_us"].median().reset_index()
+    by_launch = per_launch.groupby(keys, dropna=False)["time_us"]
+    pooled = samples.groupby(keys, dropna=False)["time_us"]
+    out = pd.DataFrame({
+        "median_us": by_launch.median(),
+        "p10_us": pooled.quantile(0.10),
+        "p90_us": pooled.quantile(0.90),
+        "launch_median_min_us": by_launch.min(),
+        "launch_median_max_us": by_launch.max(),
+        "launches": by_launch.count(),
+        "samples": pooled.count(),
+    }).reset_index()
+    out["algbw_gbps"] = [collectives.algbw_gbps(s, t) for s, t in zip(out["size_bytes"], out["median_us"])]
+    out["busbw_gbps"] = out["algbw_gbps"] * collectives.allreduce_busbw_factor(nranks)
+    out["wrong"] = [wrong.get((c, int(s)), 0) for c, s in zip(out["config"], out["size_bytes"])]
+    for col in ("median_us", "p10_us", "p90_us", "launch_median_min_us", "launch_median_max_us"):
+        out[col] = out[col].round(3)
+    for col in ("algbw_gbps", "busbw_gbps"):
+        out[col] = out[col].round(4)
+    return out[SUMMARY_COLUMNS].sort_values(["mode", "size_bytes", "config"]).reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A loaded run folder: run.json plus its tables (what report/compare/verdicts read)."""
+
+    path: Path
+    run: dict
+    samples: object  # pandas.DataFrame
+    summary: object  # pandas.DataFrame
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    run = load_run_json(run_dir)
+    if not (run_dir / "samples.csv").exists() or not (run_dir / "summary.csv").exists():
+        samples, summary = assemble(run_dir, run)
+    else:
+        samples = pd.read_csv(run_dir / "samples.csv", dtype={"tokens": "Int64"})
+        summary = pd.read_csv(run_dir / "summary.csv", dtype={"tokens": "Int64"})
+    return RunData(run_dir, run, samples, summary)

@@ -1,0 +1,363 @@
+"""The sweep spec: load a YAML file, validate every field, resolve it into configs and sizes.
+
+Validation happens before any launch.  Every problem is a ``SpecError`` naming the
+file, the field path (``configs.seed.NCCL_PROTO``) and what is allowed.  The
+resolved ``Spec`` is what the launcher runs and what ``run.json`` stores beside
+the spec as given, so a run folder always says exactly what was measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import ncclvars
+from .collectives import DTYPE_BYTES
+from .errors import SpecError
+
+BACKENDS = ("nccl", "gloo")
+MODES = ("graph", "eager")
+DEFAULT_CONFIG = "default"
+# Size bands for verdicts (tokens, inclusive); null = unbounded.  Decode steps and
+# speculative verify steps send 1..64 tokens, prefill chunks 256 and more.
+DEFAULT_BANDS = {"decode": [1, 64], "prefill": [256, None]}
+
+# key -> (allowed types, default, description used in errors)
+_TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
+    "name": ((str,), None),
+    "description": ((str,), ""),
+    "backend": ((str,), "nccl"),
+    "nproc_per_node": ((int, type(None)), None),
+    "nnodes": ((int,), 1),
+    "rdzv_endpoint": ((str, type(None)), None),
+    "dtype": ((str,), "bfloat16"),
+    "sizes": ((dict,), None),
+    "trials": ((int,), 3),
+    "warmup": ((int,), 20),
+    "iters": ((int,), 200),
+    "graph_batch": ((int,), 10),
+    "modes": ((list, type(None)), None),
+    "timeout_s": ((int, float), 180),
+    "base_env": ((dict, type(None)), None),
+    "configs": ((dict, type(None)), None),
+    "grid": ((dict, type(None)), None),
+    "seed": ((int, type(None)), None),
+    "bands": ((dict, type(None)), None),
+}
+
+
+@dataclass(frozen=True)
+class Size:
+    """One message size: bytes per rank, and the token count it came from (if model-shaped)."""
+
+    bytes: int
+    tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """A named NCCL setting: ``env`` is what the launch gets on top of the user's environment
+    (base_env merged with the config's own ``overrides``)."""
+
+    name: str
+    env: dict[str, str]
+    overrides: dict[str, str]
+    origin: str  # "default", "configs" or "grid"
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: str
+    name: str
+    description: str
+    backend: str
+    nproc_per_node: int | None
+    nnodes: int
+    rdzv_endpoint: str | None
+    dtype: str
+    sizes: tuple[Size, ...]
+    trials: int
+    warmup: int
+    iters: int
+    graph_batch: int
+    modes: tuple[str, ...]
+    timeout_s: float
+    base_env: dict[str, str]
+    configs: tuple[Config, ...]
+    seed: int | None
+    bands: dict[str, list]
+    raw: dict = field(repr=False, default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def config(self, name: str) -> Config:
+        return next(c for c in self.configs if c.name == name)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("raw")
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Spec":
+        d = dict(d)
+        d["sizes"] = tuple(Size(**s) for s in d["sizes"])
+        d["configs"] = tuple(Config(**c) for c in d["configs"])
+        d["modes"] = tuple(d["modes"])
+        d["warnings"] = tuple(d.get("warnings", ()))
+        return cls(**d)
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
+    """Read ``path``, apply ``--set KEY=VALUE`` overrides, validate and resolve."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(path, "(file)", f"cannot read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(path, "(yaml)", f"not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(path, "(top level)", "must be a mapping of keys (name, backend, sizes, ...)")
+    for item in overrides:
+        apply_override(raw, item, path)
+    return resolve(raw, path)
+
+
+def apply_override(raw: dict, item: str, path: Path | str = "--set") -> None:
+    """``--set trials=5`` or ``--set base_env.NCCL_DEBUG=WARN``; the value is parsed as YAML."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise SpecError("--set", item, "expected KEY=VALUE (e.g. --set trials=5)")
+    parts = key.split(".")
+    if parts[0] not in _TOP_KEYS:
+        raise SpecError("--set", key, f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
+    target = raw
+    for p in parts[:-1]:
+        target = target.setdefault(p, {})
+        if not isinstance(target, dict):
+            raise SpecError("--set", key, f"{p} is not a mapping")
+    try:
+        target[parts[-1]] = yaml.safe_load(value) if value != "" else ""
+    except yaml.YAMLError:
+        target[parts[-1]] = value
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", dict: "a mapping", list: "a list",
+             type(None): "null"}
+    return " or ".join(names[t] for t in types)
+
+
+def _env_value(path, fld: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise SpecError(path, fld, f"{value!r} must be a string or number (quote values like \"1\" or \"yes\")")
+    return str(value)
+
+
+def _env_map(path, fld: str, value: Any, warnings: list[str]) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(path, fld, "must be a mapping of VARIABLE: value")
+    out = {}
+    for name, v in value.items():
+        sub = f"{fld}.{name}"
+        text = _env_value(path, sub, v)
+        error, warning = ncclvars.check_setting(str(name), text)
+        if error:
+            raise SpecError(path, sub, error)
+        if warning:
+            warnings.append(f"{path}: {sub}: {warning}")
+        out[str(name)] = text
+    return out
+
+
+def _positive_int(path, fld, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(path, fld, f"{value!r} must be an integer >= {minimum}")
+    return value
+
+
+def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
+    warnings: list[str] = []
+    for key, value in raw.items():
+        if key not in _TOP_KEYS:
+            raise SpecError(path, str(key), f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
+        types, _ = _TOP_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise SpecError(path, key, f"{value!r} must be {_type_name(types)}")
+    get = lambda k: raw.get(k, _TOP_KEYS[k][1])  # noqa: E731
+
+    name = get("name")
+    if not name or not str(name).strip():
+        raise SpecError(path, "name", "required: a short name used in the run folder name")
+    if any(c in name for c in "/\\\0\n"):
+        raise SpecError(path, "name", f"{name!r} must not contain '/', '\\', NUL or newlines")
+    backend = get("backend")
+    if backend not in BACKENDS:
+        raise SpecError(path, "backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
+    dtype = get("dtype")
+    if dtype not in DTYPE_BYTES:
+        raise SpecError(path, "dtype", f"{dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    nproc = get("nproc_per_node")
+    if nproc is None and backend == "gloo":
+        nproc = 2
+    if nproc is not None:
+        _positive_int(path, "nproc_per_node", nproc)
+    nnodes = _positive_int(path, "nnodes", get("nnodes"))
+    rdzv = get("rdzv_endpoint")
+    if nnodes > 1 and not rdzv:
+        raise SpecError(path, "rdzv_endpoint", "required when nnodes > 1: host:port of the c10d rendezvous")
+    if rdzv and (":" not in rdzv or not rdzv.rsplit(":", 1)[1].isdigit()):
+        raise SpecError(path, "rdzv_endpoint", f"{rdzv!r} must be host:port")
+    trials = _positive_int(path, "trials", get("trials"))
+    warmup = _positive_int(path, "warmup", get("warmup"), minimum=0)
+    iters = _positive_int(path, "iters", get("iters"))
+    graph_batch = _positive_int(path, "graph_batch", get("graph_batch"))
+    timeout_s = get("timeout_s")
+    if timeout_s <= 0:
+        raise SpecError(path, "timeout_s", f"{timeout_s!r} must be > 0 seconds")
+
+    modes = get("modes")
+    if modes is None:
+        modes = ["graph", "eager"] if backend == "nccl" else ["eager"]
+    if not modes:
+        raise SpecError(path, "modes", f"must list at least one of {', '.join(MODES)}")
+    for i, m in enumerate(modes):
+        if m not in MODES:
+            raise SpecError(path, f"modes[{i}]", f"{m!r} is not one of {', '.join(MODES)}")
+        if m == "graph" and backend == "gloo":
+            raise SpecError(path, f"modes[{i}]", "graph mode needs CUDA (backend: nccl); gloo allows: eager")
+    modes = tuple(dict.fromkeys(modes))
+
+    sizes = _resolve_sizes(path, get("sizes"), dtype)
+    base_env = _env_map(path, "base_env", get("base_env"), warnings)
+    configs = _resolve_configs(path, raw, base_env, warnings)
+    bands = _resolve_bands(path, get("bands"))
+
+    seed = get("seed")
+    return Spec(
+        path=str(path), name=str(name), description=str(get("description") or ""), backend=backend,
+        nproc_per_node=nproc, nnodes=nnodes, rdzv_endpoint=rdzv, dtype=dtype, sizes=sizes,
+        trials=trials, warmup=warmup, iters=iters, graph_batch=graph_batch, modes=modes,
+        timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,
+        raw=raw, warnings=tuple(warnings),
+    )
+
+
+def _resolve_sizes(path, sizes: dict | None, dtype: str) -> tuple[Size, ...]:
+    if not sizes:
+        raise SpecError(path, "sizes", "required: give sizes.tokens with sizes.hidden, or sizes.bytes")
+    unknown = set(sizes) - {"hidden", "tokens", "bytes"}
+    if unknown:
+        raise SpecError(path, f"sizes.{sorted(unknown)[0]}", "unknown key (allowed: hidden, tokens, bytes)")
+    elem = DTYPE_BYTES[dtype]
+    out: dict[int, Size] = {}
+    tokens = sizes.get("tokens") or []
+    if not isinstance(tokens, list):
+        raise SpecError(path, "sizes.tokens", "must be a list of token counts")
+    if tokens:
+        hidden = sizes.get("hidden")
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+            raise SpecError(path, "sizes.hidden", f"{hidden!r}: an integer >= 1 is required with sizes.tokens")
+    for i, t in enumerate(tokens):
+        _positive_int(path, f"sizes.tokens[{i}]", t)
+        b = t * sizes["hidden"] * elem
+        out[b] = Size(bytes=b, tokens=t)
+    explicit = sizes.get("bytes") or []
+    if not isinstance(explicit, list):
+        raise SpecError(path, "sizes.bytes", "must be a list of byte counts")
+    for i, b in enumerate(explicit):
+        _positive_int(path, f"sizes.bytes[{i}]", b)
+        if b % elem:
+            raise SpecError(path, f"sizes.bytes[{i}]", f"{b} is not a multiple of {elem} ({dtype} element size)")
+        out.setdefault(b, Size(bytes=b))
+    if not out:
+        raise SpecError(path, "sizes", "no sizes given: sizes.tokens (with hidden) or sizes.bytes must be non-empty")
+    return tuple(out[b] for b in sorted(out))
+
+
+def _check_config_name(path, fld: str, name: str) -> None:
+    if not name or any(c in name for c in "\0\n\r") or len(name) > 120:
+        raise SpecError(path, fld, "config names must be 1-120 characters without newlines or NUL")
+
+
+def _resolve_configs(path, raw: dict, base_env: dict, warnings: list[str]) -> tuple[Config, ...]:
+    configs = [Config(DEFAULT_CONFIG, dict(base_env), {}, "default")]
+    named = raw.get("configs") or {}
+    for cname, env in named.items():
+        cname = str(cname)
+        fld = f"configs.{cname}"
+        _check_config_name(path, fld, cname)
+        if cname == DEFAULT_CONFIG:
+            raise SpecError(path, fld, "'default' is always added (base_env only) and cannot be redefined")
+        overrides = _env_map(path, fld, env if env is not None else {}, warnings)
+        configs.append(Config(cname, {**base_env, **overrides}, overrides, "configs"))
+    grid = raw.get("grid") or {}
+    axes = []
+    for var, values in grid.items():
+        fld = f"grid.{var}"
+        if not isinstance(values, list) or not values:
+            raise SpecError(path, fld, "must be a non-empty list of values")
+        axes.append([(str(var), _env_map(path, fld, {var: v}, warnings)[str(var)]) for v in values])
+    for point in itertools.product(*axes) if axes else []:
+        overrides = dict(point)
+        cname = ",".join(f"{k.removeprefix('NCCL_')}={v}" for k, v in point)
+        configs.append(Config(cname, {**base_env, **overrides}, overrides, "grid"))
+    seen: set[str] = set()
+    for c in configs:
+        if c.name in seen:
+            raise SpecError(path, f"configs.{c.name}", "duplicate config name (a grid point has the same label)")
+        seen.add(c.name)
+    return tuple(configs)
+
+
+def _resolve_bands(path, bands: dict | None) -> dict[str, list]:
+    if bands is None:
+        return {k: list(v) for k, v in DEFAULT_BANDS.items()}
+    out = {}
+    for name, rng in bands.items():
+        fld = f"bands.{name}"
+        if not isinstance(rng, list) or len(rng) != 2:
+            raise SpecError(path, fld, "must be [min_tokens, max_tokens] (null for unbounded)")
+        lo, hi = rng
+        for v, which in ((lo, "min"), (hi, "max")):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise SpecError(path, fld, f"{which} {v!r} must be a token count or null")
+        if lo is not None and hi is not None and lo > hi:
+            raise SpecError(path, fld, f"min {lo} > max {hi}")
+        out[str(name)] = [lo, hi]
+    return out
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One fresh torchrun launch: a config's trial, at its place in the interleaved order."""
+
+    index: int
+    config: str
+    trial: int
+
+
+def launch_order(spec: Spec, seed: int) -> list[Launch]:
+    """Round robin over trials, shuffled within each round with ``seed``.
+
+    Interleaving means slow drift of the machine (clocks, temperature, other
+    tenants) lands on every config alike instead of masquerading as a difference.
+    """
+    rng = random.Random(seed)
+    order: list[Launch] = []
+    for trial in range(spec.trials):
+        names = [c.name for c in spec.configs]
+        rng.shuffle(names)
+        for n in names:
+            order.append(Launch(len(order), n, trial))
+    return order

@@ -1,0 +1,239 @@
+"""Run a sweep: one fresh torchrun launch per (config, trial), interleaved, into a run folder.
+
+``run_sweep`` is the library entry point behind ``commdiag sweep``.  It validates
+prerequisites before the first launch, writes run.json after every launch
+(atomically), and on Ctrl-C kills the launch in flight, marks it pending and
+returns a resumable run.  ``--resume`` re-reads run.json and runs only the
+launches that are still pending.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import os
+import random
+import shutil
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import __version__, launcher, metadata, results
+from .errors import CommdiagError
+from .spec import Spec, launch_order
+
+TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
+
+
+@dataclass
+class Progress:
+    """What the CLI's progress line shows after each launch."""
+
+    done: int
+    total: int
+    launch: dict
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    run_dir: Path
+    state: str  # complete | interrupted
+    counts: dict[str, int]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def all_ok(self) -> bool:
+        return self.state == "complete" and set(self.counts) <= {results.OK}
+
+
+def _utc() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def default_run_dir(spec: Spec, root: Path = Path("reports")) -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return root / f"{stamp}-{spec.name}"
+
+
+def preflight(spec: Spec) -> int:
+    """Check the machine can run ``spec`` at all; return the resolved ranks per node."""
+    if importlib.util.find_spec("torch") is None:
+        raise CommdiagError("torch is not installed in this Python; install it (CPU: pip install torch==2.13.0)")
+    if importlib.util.find_spec("torch.distributed.run") is None:
+        raise CommdiagError("torchrun (torch.distributed.run) is missing from this torch build")
+    nproc = spec.nproc_per_node
+    if spec.backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus == 0:
+            raise CommdiagError(
+                f"{spec.path}: backend: nccl needs CUDA GPUs and this machine has none visible. "
+                "For a CPU run use the gloo backend, e.g. commdiag sweep sweeps/cpu-smoke.yaml")
+        nproc = nproc or gpus
+        if nproc > gpus:
+            raise CommdiagError(f"{spec.path}: nproc_per_node: {nproc} ranks but only {gpus} GPUs are visible")
+    return nproc or 2
+
+
+def _seed(spec: Spec) -> int:
+    if spec.seed is not None:
+        return spec.seed
+    if spec.nnodes > 1:  # every node must draw the same order: derive it from the spec
+        return zlib.crc32(repr(spec.to_json()).encode())
+    return random.SystemRandom().randrange(2**31)
+
+
+def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict[str, str], str]:
+    if spec.backend != "nccl":
+        return {}, "not applicable (gloo)"
+    if "NCCL_DEBUG" in env:
+        return {}, f"user's own NCCL_DEBUG={env['NCCL_DEBUG']} kept; NCCL's confirmation is read only if it logs ENV to a file"
+    return ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ENV",
+             "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log")},
+            "commdiag: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV (init only, no per-call logging)")
+
+
+def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
+    seed = _seed(spec)
+    order = launch_order(spec, seed)
+    return {
+        "format": results.RUN_FORMAT, "version": results.RUN_FORMAT_VERSION,
+        "commdiag_version": __version__, "created_utc": _utc(), "finished_utc": None, "state": "running",
+        "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
+        "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
+        "method": {
+            "graph": f"{spec.graph_batch} all-reduces captured in one CUDA graph on a side stream; "
+                     f"{spec.iters} replays back to back, a CUDA event between replays; sample = replay time / {spec.graph_batch}",
+            "eager": "back-to-back all_reduce calls; CUDA events between calls (NCCL) or the blocking call's "
+                     "monotonic wall time (gloo); enqueue_us = host time to issue the call",
+            "combine_ranks": "per iteration, the max over ranks",
+        },
+        "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
+        "launches": [{"index": l.index, "config": l.config, "trial": l.trial, "status": results.PENDING}
+                     for l in order],
+        "fingerprint": {"launcher": metadata.collect_host()},
+        "warnings": list(spec.warnings),
+    }
+
+
+def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
+              env: dict[str, str] | None = None,
+              on_progress: Callable[[Progress], None] | None = None) -> SweepResult:
+    """Run every pending launch of a new run (``spec``) or of an interrupted one (``resume``)."""
+    base_env = dict(os.environ if env is None else env)
+    if resume is not None:
+        run_dir = Path(resume)
+        run = results.load_run_json(run_dir)
+        spec = Spec.from_json(run["spec"])
+        preflight(spec)
+        run["state"] = "running"
+    else:
+        assert spec is not None
+        nproc = preflight(spec)
+        run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
+        if (run_dir / "run.json").exists():
+            raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run = new_run(spec, run_dir, nproc)
+        results.save_run(run_dir, run)
+
+    configs = {c["name"]: c for c in run["configs"]}
+    pending = [l for l in run["launches"] if l["status"] == results.PENDING]
+    done_walls: list[float] = []
+    interrupted = False
+    for n, launch in enumerate(pending):
+        try:
+            outcome = _one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env)
+        except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
+            outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
+        if outcome.interrupted:
+            for key in ("status", "exit_code", "timed_out", "wall_s", "stderr_tail", "started_utc"):
+                launch.pop(key, None)
+            launch["status"] = results.PENDING
+            interrupted = True
+            break
+        done_walls.append(outcome.wall_s)
+        results.save_run(run_dir, run)
+        if on_progress:
+            left = len(pending) - n - 1
+            on_progress(Progress(n + 1, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+    run["state"] = "interrupted" if interrupted else "complete"
+    run["finished_utc"] = None if interrupted else _utc()
+    results.save_run(run_dir, run)
+    results.assemble(run_dir, run)
+    counts: dict[str, int] = {}
+    for l in run["launches"]:
+        counts[l["status"]] = counts.get(l["status"], 0) + 1
+    return SweepResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
+
+
+def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict) -> launcher.LaunchOutcome:
+    folder = results.launch_dir(run_dir, launch["index"])
+    if folder.exists():  # left by an interrupted attempt: start clean
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    debug_env, debug_note = _nccl_debug_env(spec, {**base_env, **config["env"]}, folder)
+    run["nccl_debug"] = debug_note
+    plan = {
+        "backend": spec.backend, "dtype": spec.dtype, "sizes": [s.bytes for s in spec.sizes],
+        "modes": list(spec.modes), "warmup": spec.warmup, "iters": spec.iters, "graph_batch": spec.graph_batch,
+        "watch_env": sorted(set(config["env"]) | set(spec.base_env)),
+        "out_dir": str(folder.resolve()), "config": config["name"], "launch": launch["index"],
+        "nccl_debug_file": debug_env.get("NCCL_DEBUG_FILE"),
+    }
+    results.write_json(folder / "plan.json", plan)
+    marker = launcher.new_marker()
+    env = launcher.launch_env(base_env, config["env"], {**debug_env, launcher.MARKER: marker})
+    argv = launcher.torchrun_argv(run["nproc_per_node"], spec.nnodes, spec.rdzv_endpoint,
+                                  f"commdiag-{spec.name}-{run['seed']}-{launch['index']}", spec.timeout_s,
+                                  folder / "plan.json")
+    launch["started_utc"] = _utc()
+    outcome = launcher.run(argv, env, folder / "torchrun.log", spec.timeout_s)
+    if outcome.interrupted:
+        return outcome
+    result = results.read_launch_result(run_dir, launch["index"])
+    launch.update(exit_code=outcome.exit_code, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
+                  killed_survivors=outcome.killed_survivors, results_complete=result is not None)
+    wrong = sum(sum(r["wrong"].values()) for r in result["ranks"]) if result else None
+    launch["wrong"] = wrong
+    if outcome.timed_out:
+        launch["status"] = results.TIMEOUT
+        launch["error"] = (f"killed after the {spec.timeout_s:g}s deadline"
+                           + (" (all results were written: hung in teardown)" if result else ""))
+    elif outcome.exit_code != 0 or result is None:
+        launch["status"] = results.FAILED
+        launch["error"] = f"exit code {outcome.exit_code}" + ("" if result else "; no result written")
+    elif wrong:
+        launch["status"] = results.INCORRECT
+        launch["error"] = f"{wrong} wrong elements in the all-reduce check"
+    else:
+        launch["status"] = results.OK
+    if launch["status"] != results.OK:
+        launch["stderr_tail"] = _tail(folder)
+    if result:
+        launch["ranks"] = [{k: v for k, v in r.items() if k not in ("samples", "enqueue_us")} for r in result["ranks"]]
+        if "worker" not in run["fingerprint"] and launch["status"] == results.OK:
+            run["fingerprint"]["worker"] = _worker_fingerprint(result["ranks"])
+    return outcome
+
+
+def _worker_fingerprint(ranks: list[dict]) -> dict:
+    r0 = ranks[0]
+    keys = ("hostname", "python", "torch", "cuda", "nccl", "driver", "cuda_driver", "kernel", "gpu_count")
+    fp = {k: r0[k] for k in keys if k in r0}
+    fp["gpus"] = [{"rank": r["rank"], "hostname": r.get("hostname"), "gpu_name": r.get("gpu_name"),
+                   "pci_bus_id": r.get("pci_bus_id")} for r in ranks]
+    return fp
+
+
+def _tail(folder: Path) -> str:
+    parts = []
+    for err in sorted(folder.glob("rank*.error.txt")):
+        parts.append(f"--- {err.name} ---\n{err.read_text(errors='replace')[-TAIL_CHARS:]}")
+    log = folder / "torchrun.log"
+    if log.exists():
+        parts.append(f"--- torchrun.log (tail) ---\n{log.read_text(errors='replace')[-TAIL_CHARS:]}")
+    return "\n".join(parts)[-2 * TAIL_CHARS:]
