@@ -1,0 +1,442 @@
+"""What a finished run folder publishes: ``report.html`` and the winner profiles.
+
+``commdiag report RUN_DIR`` never measures: run.json + samples.csv + summary.csv
+in, one HTML file out (``RUN_DIR/report.html`` unless ``--out``).  ``commdiag
+sweep`` calls ``publish`` at its end, which also writes the profiles.
+
+The report shows, per measured mode: latency vs size per config (log-log, every
+launch's median as a point so the launch noise is visible), busbw vs size, and
+the speedup vs default as a heatmap whose non-significant cells are neutral
+grey; with both modes, the eager - graph overhead per config.  Then the winners,
+the verdict matrix, failed/timed-out/incorrect launches with their error tails,
+what each rank saw and what NCCL said it applied, the fingerprint and the spec.
+
+plotly.js is embedded in the file (about 4.8 MB), not a sibling file: a report
+is mailed, attached to issues and copied out of run folders on its own, and a
+sibling script breaks silently the first time that happens.  The cost is size,
+not speed: the browser parses the bundle once, and the plot data stays small
+because the plots carry launch medians, never raw samples (a 50-config x 20-size
+x 2-mode run is 6,000 points).
+
+Escaping: every label, env value and error text goes through ``html.escape``,
+in the HTML and in plot labels alike (plotly.js renders a subset of HTML in
+names and hover text, and decodes entities back to plain characters); the plot
+data travels as JSON in a ``<script type="application/json">`` block with
+``<``, ``>`` and ``&`` escaped, so no config name can close the script.
+
+Profiles (``write_profiles``; which files and why: ``stats.profile_plan``):
+``profile-<band>.env`` per band with a winner in the primary mode (graph when
+measured), ``profile.env`` = the first band's winner (decode by default) unless
+it is slower in another band.  No winner: no profile, keep NCCL defaults.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__, results, stats
+from .atomic import write_text
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf"]
+FAILED_STATUSES = (results.FAILED, results.TIMEOUT, results.INCORRECT)
+
+
+def esc(value) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            v = n / div
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+    return f"{n} B"
+
+
+def size_label(size: int, tokens) -> str:
+    return fmt_bytes(int(size)) + ("" if tokens is None else f" ({tokens} tok)")
+
+
+def _clean(v):
+    """JSON-safe: NaN/inf become null (JSON has neither)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def script_json(data) -> str:
+    """JSON safe inside a <script> element: no '<', '>' or '&' that could end it."""
+    text = json.dumps(_clean(data), separators=(",", ":"), allow_nan=False)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
+# ---------------------------------------------------------------- figures (plain dicts)
+
+def _tokens(v):
+    return None if v is None or str(v) in ("<NA>", "nan", "None") else int(v)
+
+
+def _axis(title: str, log: bool = True, **kw) -> dict:
+    return {"title": {"text": esc(title)}, "type": "log" if log else "linear", **kw}
+
+
+def _layout(title: str, x: dict, y: dict, **kw) -> dict:
+    return {"title": {"text": esc(title)}, "xaxis": x, "yaxis": y, "height": 480,
+            "margin": {"l": 70, "r": 20, "t": 50, "b": 60}, "hovermode": "closest",
+            "legend": {"font": {"size": 11}}, **kw}
+
+
+def figures(data: results.RunData, verdicts: stats.Verdicts, medians: list[stats.LaunchMedian]) -> list[dict]:
+    """The report's plots as plotly figure dicts (id, title, data, layout)."""
+    summary = data.summary
+    configs = [c["name"] for c in data.run.get("configs", [])]
+    color = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(configs)}
+    tokens_by_size = {s["bytes"]: s.get("tokens") for s in data.run.get("spec", {}).get("sizes", [])}
+    figs = []
+    rows = {}  # (mode, config) -> list of summary rows sorted by size
+    for r in summary.sort_values("size_bytes").itertuples(index=False):
+        rows.setdefault((r.mode, r.config), []).append(r)
+    for mode in verdicts.modes or sorted({m for m, _ in rows}):
+        lat, bw = [], []
+        for c in configs:
+            rs = rows.get((mode, c), [])
+            if not rs:
+                continue
+            name = esc(c)
+            xs = [int(r.size_bytes) for r in rs]
+            lat.append({"type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": name,
+                        "x": xs, "y": [r.median_us for r in rs], "line": {"color": color[c]},
+                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.2f}} us (median of launches)<extra></extra>"})
+            pts = [m for m in medians if m.config == c and m.mode == mode]
+            lat.append({"type": "scatter", "mode": "markers", "name": name + " launches", "legendgroup": name,
+                        "showlegend": False, "x": [m.size_bytes for m in pts], "y": [round(m.median_us, 3) for m in pts],
+                        "text": [f"launch {m.launch}" for m in pts],
+                        "marker": {"color": color[c], "size": 5, "opacity": 0.55, "symbol": "circle-open"},
+                        "hovertemplate": f"{name} %{{text}}<br>%{{x}} B: %{{y:.2f}} us<extra></extra>"})
+            bw.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": xs,
+                       "y": [r.busbw_gbps for r in rs], "line": {"color": color[c]},
+                       "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.3f}} GB/s<extra></extra>"})
+        figs.append({"id": f"latency-{mode}", "title": f"Latency vs size ({mode})", "data": lat,
+                     "layout": _layout(f"Latency per all-reduce vs size, {mode} mode (points: each launch's median)",
+                                       _axis("size per rank (bytes)"), _axis("time (us)"))})
+        figs.append({"id": f"busbw-{mode}", "title": f"Bus bandwidth vs size ({mode})", "data": bw,
+                     "layout": _layout(f"Bus bandwidth vs size, {mode} mode",
+                                       _axis("size per rank (bytes)"), _axis("busbw (GB/s)", log=False))})
+        figs.append(_heatmap(verdicts, mode, configs, tokens_by_size))
+    if "graph" in verdicts.modes and "eager" in verdicts.modes:
+        over = []
+        for c in configs:
+            g = {int(r.size_bytes): r.median_us for r in rows.get(("graph", c), [])}
+            e = {int(r.size_bytes): r.median_us for r in rows.get(("eager", c), [])}
+            xs = sorted(set(g) & set(e))
+            if xs:
+                over.append({"type": "scatter", "mode": "lines+markers", "name": esc(c), "x": xs,
+                             "y": [round(e[s] - g[s], 3) for s in xs], "line": {"color": color[c]},
+                             "customdata": [[g[s], e[s]] for s in xs],
+                             "hovertemplate": esc(c) + "<br>%{x} B: eager %{customdata[1]:.2f} us - graph "
+                                              "%{customdata[0]:.2f} us = %{y:.2f} us<extra></extra>"})
+        figs.append({"id": "graph-vs-eager", "title": "Graph vs eager", "data": over,
+                     "layout": _layout("Eager minus graph time per all-reduce: the launch overhead without CUDA graphs",
+                                       _axis("size per rank (bytes)"), _axis("eager - graph (us)", log=False))})
+    return figs
+
+
+def _heatmap(verdicts: stats.Verdicts, mode: str, configs: list[str], tokens_by_size: dict) -> dict:
+    cells = {(c.config, c.size_bytes): c for c in verdicts.cells if c.mode == mode}
+    sizes = sorted({c.size_bytes for c in cells.values()})
+    ys = [c for c in configs if c != stats.DEFAULT and any((c, s) in cells for s in sizes)]
+    z, text, hover = [], [], []
+    for c in ys:
+        zr, tr, hr = [], [], []
+        for s in sizes:
+            cell = cells.get((c, s))
+            if cell is None or cell.ratio is None:
+                zr.append(None), tr.append(""), hr.append("no data")
+                continue
+            significant = cell.verdict in (stats.FASTER, stats.SLOWER)
+            pct = (cell.ratio - 1) * 100
+            # Neutral (0) unless significant: noise must not look like a colour.
+            zr.append(round(max(-50.0, min(50.0, pct)), 2) if significant else 0.0)
+            tr.append(f"{pct:+.0f}%" if significant else ("?" if cell.verdict == stats.INCONCLUSIVE else "="))
+            hr.append(esc(f"{c} at {size_label(s, cell.tokens)}: {cell.label}; ratio {cell.ratio_text()}"
+                          + ("" if cell.eligible else " (excluded from winners)")))
+        z.append(zr), text.append(tr), hover.append(hr)
+    xs = [size_label(s, tokens_by_size.get(s)) for s in sizes]
+    data = [{"type": "heatmap", "z": z, "x": xs, "y": [esc(c) for c in ys], "text": text, "customdata": hover,
+             "texttemplate": "%{text}", "zmin": -50, "zmax": 50, "zmid": 0,
+             "colorscale": [[0, "#1a9850"], [0.5, "#eeeeee"], [1, "#d73027"]],
+             "colorbar": {"title": {"text": "% vs default"}}, "xgap": 1, "ygap": 1,
+             "hovertemplate": "%{customdata}<extra></extra>"}]
+    height = max(300, 120 + 22 * len(ys))
+    layout = _layout(f"Speedup vs default, {mode} mode (green faster, red slower; grey: not significant, "
+                     "= no difference, ? inconclusive)", {"type": "category", "title": {"text": "size"}},
+                     {"type": "category", "autorange": "reversed"}, height=height)
+    return {"id": f"speedup-{mode}", "title": f"Speedup vs default ({mode})", "data": data, "layout": layout}
+
+
+# ---------------------------------------------------------------- HTML
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:1500px}
+h1{font-size:1.5em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;font-size:12px;margin:.5em 0} td,th{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
+th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.faster{background:#d9f0d3} .slower{background:#f8d0c8} .same{background:#f4f4f4} .inconclusive{background:#fff3c4}
+.bad{background:#f8d0c8} .warn{color:#8a4b00} pre{background:#f7f7f7;padding:.5em;overflow:auto;max-height:30em;font-size:11px}
+.plot{min-height:300px} #js-errors{color:#b00;font-weight:bold}
+"""
+
+
+def _table(head: list[str], rows: list[list[str]], raw_cells: bool = False) -> str:
+    """An HTML table; cells are escaped unless ``raw_cells`` (then the caller escaped them)."""
+    out = ["<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"]
+    for r in rows:
+        out.append("<tr>" + "".join(f"<td>{c if raw_cells else esc(c)}</td>" for c in r) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def page(title: str, body: str, figs: list[dict]) -> str:
+    """A complete offline HTML page: body (already escaped), figures drawn by embedded plotly.js."""
+    divs_js = """
+(function(){
+  var errs=[];
+  function note(m){errs.push(m);var e=document.getElementById('js-errors');if(e){e.textContent='Plot errors: '+errs.join(' | ');}}
+  window.addEventListener('error',function(ev){note(String(ev.message));});
+  var figs=JSON.parse(document.getElementById('figs').textContent), drawn=0, jobs=[];
+  figs.forEach(function(f){
+    try{
+      jobs.push(Plotly.newPlot(f.id,f.data,f.layout,{responsive:true,displaylogo:false}).then(function(){drawn++;}));
+    }catch(e){note(f.id+': '+e);}
+  });
+  Promise.all(jobs).then(function(){document.body.setAttribute('data-plots-drawn',String(drawn));},
+                         function(e){note(String(e));});
+})();
+"""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{esc(title)}</title><style>{CSS}</style>"
+            f"<script>{plotly_js()}</script></head>\n<body data-plots-expected=\"{len(figs)}\">\n"
+            "<div id=\"js-errors\"></div>\n" + body +
+            f"\n<script id=\"figs\" type=\"application/json\">{script_json(figs)}</script>\n"
+            f"<script>{divs_js}</script>\n</body></html>\n")
+
+
+def plot_divs(figs: list[dict]) -> str:
+    return "\n".join(f"<h3>{esc(f['title'])}</h3><div class=\"plot\" id=\"{esc(f['id'])}\"></div>" for f in figs)
+
+
+def _verdict_matrix(verdicts: stats.Verdicts, mode: str, tokens_by_size: dict) -> str:
+    cells = {(c.config, c.size_bytes): c for c in verdicts.cells if c.mode == mode}
+    sizes = sorted({c.size_bytes for c in cells.values()})
+    configs = [c for c in verdicts.configs if c != stats.DEFAULT and any((c, s) in cells for s in sizes)]
+    out = ["<table><tr><th>config</th>" + "".join(f"<th>{esc(size_label(s, tokens_by_size.get(s)))}</th>"
+                                                 for s in sizes) + "</tr>"]
+    for c in configs:
+        row = [f"<td>{esc(c)}{'' if c not in verdicts.excluded else ' <b>(excluded)</b>'}</td>"]
+        for s in sizes:
+            cell = cells.get((c, s))
+            if cell is None or cell.ratio is None:
+                row.append("<td>n/a</td>")
+                continue
+            title = f"{cell.label}; ratio {cell.ratio_text()}; {cell.time_us} vs {cell.default_us} us; " \
+                    f"{cell.launches} vs {cell.default_launches} launches"
+            short = {"faster": "faster", "slower": "slower", "same": "="}.get(cell.verdict, "?")
+            row.append(f"<td class=\"num {cell.verdict}\" title=\"{esc(title)}\">"
+                       f"{(cell.ratio - 1) * 100:+.1f}% {esc(short)}</td>")
+        out.append("<tr>" + "".join(row) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _winner_rows(winners, tokens_by_size) -> list[list[str]]:
+    rows = []
+    for w in winners:
+        where = w.key if w.scope == "band" else size_label(int(w.key), w.tokens)
+        rows.append([w.mode, where, w.text])
+    return rows
+
+
+def _confirmations(run: dict) -> str:
+    """Per config, the first launch with rank records: each watched variable per rank, as
+    os.environ, libc getenv and NCCL itself saw it."""
+    configs = {c["name"]: c for c in run.get("configs", [])}
+    seen = {}
+    for l in run.get("launches", []):
+        if l.get("ranks") and l["config"] not in seen:
+            seen[l["config"]] = l
+    rows = []
+    for name, cfg in configs.items():
+        l = seen.get(name)
+        if l is None:
+            rows.append([esc(name), "", "", "<i>no launch recorded its ranks</i>"])
+            continue
+        names = sorted(set(cfg.get("env", {})) | {k for r in l["ranks"] for k in r.get("env_seen", {})})
+        for var in names:
+            expected = cfg.get("env", {}).get(var)
+            parts = []
+            for r in l["ranks"]:
+                s = r.get("env_seen", {}).get(var, {})
+                applied = (r.get("nccl_applied") or {}).get(var) if r.get("nccl_applied") is not None else None
+                vals = [s.get("environ"), s.get("getenv")] + ([applied] if "nccl_applied" in r else [])
+                ok = all(v == expected for v in vals[:2]) and (len(vals) < 3 or vals[2] in (expected, None))
+                txt = f"rank {r.get('rank')}: environ={s.get('environ')} getenv={s.get('getenv')}"
+                if "nccl_applied" in r:
+                    txt += f" nccl={applied if applied is not None else '(not reported)'}"
+                parts.append(f"<span class=\"{'' if ok else 'bad'}\">{esc(txt)}</span>")
+            rows.append([esc(name), esc(var), esc(expected), "<br>".join(parts)])
+    return _table(["config", "variable", "set to", "seen per rank (launch)"], rows, raw_cells=True)
+
+
+def build_html(data: results.RunData, verdicts: stats.Verdicts, medians: list[stats.LaunchMedian]) -> str:
+    run = data.run
+    spec = run.get("spec", {})
+    tokens_by_size = {s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])}
+    figs = figures(data, verdicts, medians)
+    counts: dict[str, int] = {}
+    for l in run.get("launches", []):
+        counts[l["status"]] = counts.get(l["status"], 0) + 1
+    b = [f"<h1>commdiag sweep report: {esc(spec.get('name'))}</h1>",
+         f"<p>{esc(spec.get('description'))}</p>",
+         _table(["run folder", "spec file", "backend", "ranks", "created (UTC)", "state", "launches"],
+                [[str(data.path), run.get("spec_file"), spec.get("backend"), run.get("world_size"),
+                  run.get("created_utc"), run.get("state"), ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))]]),
+         "<p>Verdicts: each config against <b>default</b>, per size and mode, from the median of each launch; "
+         f"interval: Student t on ln(launch medians) with the between-launch noise pooled over configs, "
+         f"{100 * (1 - verdicts.alpha):.0f}% family-wise (Bonferroni over {verdicts.family_size} comparisons); "
+         f"a verdict needs at least a {verdicts.min_effect * 100:.0f}% effect. See README, Verdicts.</p>"]
+    if verdicts.warnings or run.get("warnings"):
+        b.append("<ul class=\"warn\">" + "".join(f"<li>{esc(w)}</li>" for w in
+                                                  list(run.get("warnings", [])) + list(verdicts.warnings)) + "</ul>")
+    b.append("<h2>Winners</h2>")
+    b.append("<p>A winner is the best config significantly faster than default; otherwise keep NCCL defaults. "
+             "Bands (tokens): " + esc(", ".join(f"{k} {v}" for k, v in verdicts.bands.items())) + "</p>")
+    b.append(_table(["mode", "band", "winner"], _winner_rows(verdicts.band_winners, tokens_by_size)))
+    if verdicts.band_cells:
+        b.append(_table(["config", "mode", "band", "ratio [interval]", "verdict", "launches"],
+                        [[c.config, c.mode, c.band, c.ratio_text(), c.label, f"{c.launches} vs {c.default_launches}"]
+                         for c in verdicts.band_cells]))
+    b.append(_table(["mode", "size", "winner"], _winner_rows(verdicts.size_winners, tokens_by_size)))
+    if verdicts.excluded:
+        b.append("<p>Never winners (a failed, timed-out or incorrect launch, or wrong elements):</p>")
+        b.append(_table(["config", "why"], [[c, r] for c, r in verdicts.excluded.items()]))
+    b.append("<h2>Plots</h2>")
+    b.append(plot_divs(figs))
+    for mode in verdicts.modes:
+        b.append(f"<h2>Verdicts vs default, {esc(mode)} mode</h2>"
+                 "<p>Change vs default (ratio - 1); hover a cell for the interval and launch counts.</p>")
+        b.append(_verdict_matrix(verdicts, mode, tokens_by_size))
+    bad = [l for l in run.get("launches", []) if l.get("status") in FAILED_STATUSES]
+    b.append(f"<h2>Failed, timed-out and incorrect launches ({len(bad)})</h2>")
+    if bad:
+        b.append(_table(["launch", "config", "trial", "status", "error", "stderr tail"],
+                        [[esc(l["index"]), esc(l["config"]), esc(l.get("trial")), esc(l["status"]), esc(l.get("error")),
+                          f"<details><summary>show</summary><pre>{esc(l.get('stderr_tail'))}</pre></details>"]
+                         for l in bad], raw_cells=True))
+    else:
+        b.append("<p>None.</p>")
+    b.append("<h2>What each rank saw, and what NCCL applied</h2>")
+    b.append(f"<p>{esc(run.get('nccl_debug'))}</p>")
+    b.append(_confirmations(run))
+    b.append("<h2>Configs</h2>")
+    b.append(_table(["config", "origin", "settings (on top of base_env)"],
+                    [[c["name"], c.get("origin"), " ".join(f"{k}={v}" for k, v in c.get("overrides", {}).items())]
+                     for c in run.get("configs", [])]))
+    b.append("<h2>Environment fingerprint</h2>")
+    b.append(f"<pre>{esc(json.dumps(run.get('fingerprint'), indent=1))}</pre>")
+    b.append("<h2>Method</h2>")
+    b.append(f"<pre>{esc(json.dumps(run.get('method'), indent=1))}</pre>")
+    b.append("<h2>Spec</h2>")
+    b.append(f"<pre>{esc(json.dumps(run.get('spec_given', spec), indent=1))}</pre>")
+    b.append(f"<p><small>commdiag {esc(__version__)}</small></p>")
+    return page(f"commdiag report: {spec.get('name')}", "\n".join(b), figs)
+
+
+# ---------------------------------------------------------------- entry points
+
+@dataclass(frozen=True)
+class Published:
+    report: Path
+    verdicts: stats.Verdicts
+    profiles: tuple[str, ...]  # profile files written (names in the run folder)
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, data: results.RunData | None = None,
+                 verdicts: stats.Verdicts | None = None) -> tuple[Path, stats.Verdicts]:
+    data = data or results.load_run(run_dir)
+    medians = stats.launch_medians(data.samples, stats.usable_launches(data.run))
+    verdicts = verdicts or stats.evaluate_run(data)
+    path = Path(out) if out else Path(run_dir) / "report.html"
+    write_text(path, build_html(data, verdicts, medians))
+    return path, verdicts
+
+
+def write_profiles(run_dir: str | Path, verdicts: stats.Verdicts, run: dict) -> tuple[str, ...]:
+    """Write the winner profiles (and remove stale ones this run folder holds from an earlier
+    publish, e.g. before --resume changed the verdicts)."""
+    from . import profile
+
+    run_dir = Path(run_dir)
+    created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    plan = stats.profile_plan(verdicts, run, str(run_dir), created)
+    for old in run_dir.glob("profile*.env"):
+        if old.name not in plan and old.read_text(errors="replace").startswith(profile.PROFILE_HEADER):
+            old.unlink()
+    for name, (settings, meta) in plan.items():
+        profile.save(run_dir / name, profile.Profile(settings, meta))
+    return tuple(plan)
+
+
+def publish(run_dir: str | Path) -> Published:
+    """The end of a sweep: verdicts, report.html and the winner profiles."""
+    data = results.load_run(run_dir)
+    path, verdicts = write_report(run_dir, data=data)
+    return Published(path, verdicts, write_profiles(run_dir, verdicts, data.run))
+
+
+def render_verdicts(verdicts: stats.Verdicts) -> str:
+    """The console verdict table and the winners (what ``commdiag sweep`` ends with)."""
+    lines = [f"verdicts vs default ({100 * (1 - verdicts.alpha):.0f}% family-wise over {verdicts.family_size} "
+             f"comparisons; minimum effect {verdicts.min_effect * 100:.0f}%; ratio < 1 is faster)",
+             f"{'mode':>5} {'size(B)':>12} {'tokens':>6} {'config':<28} {'time(us)':>10} {'default':>10} "
+             f"{'ratio [interval]':>26} {'launches':>8}  verdict"]
+    for c in verdicts.cells:
+        lines.append(f"{c.mode:>5} {c.size_bytes:>12} {'' if c.tokens is None else c.tokens:>6} {c.config[:28]:<28} "
+                     f"{_num(c.time_us):>10} {_num(c.default_us):>10} {c.ratio_text():>26} "
+                     f"{f'{c.launches}/{c.default_launches}':>8}  {c.label}"
+                     + ("" if c.eligible else " (excluded)"))
+    if not verdicts.cells:
+        lines.append("(no comparisons: the run has no data for a config other than default)")
+    lines.append("")
+    for w in verdicts.band_winners:
+        lines.append(f"winner {w.mode} band {w.key}: {w.text}")
+    per_size = [w for w in verdicts.size_winners if w.config]
+    for w in per_size:
+        lines.append(f"winner {w.mode} at {w.key} B: {w.text}")
+    if not per_size:
+        lines.append("no size has a config significantly faster than default: keep NCCL defaults")
+    for c, why in verdicts.excluded.items():
+        lines.append(f"never a winner: {c} ({why})")
+    for w in verdicts.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def _num(v) -> str:
+    return "" if v is None else f"{v:.2f}"
