@@ -75,7 +75,12 @@ def preflight(spec: Spec) -> int:
         nproc = nproc or gpus
         if nproc > gpus:
             raise CommdiagError(f"{spec.path}: nproc_per_node: {nproc} ranks but only {gpus} GPUs are visible")
-    return nproc or 2
+    nproc = nproc or 2
+    if nproc * spec.nnodes < 2:
+        # torch skips a 1-rank all-reduce (the CUDA graph comes out empty): nothing would be measured.
+        raise CommdiagError(f"{spec.path}: nproc_per_node: an all-reduce needs at least 2 ranks in all "
+                            f"(got {nproc} x {spec.nnodes} node(s))")
+    return nproc
 
 
 def _seed(spec: Spec) -> int:
@@ -150,7 +155,7 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
         except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
             outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
         if outcome.interrupted:
-            for key in ("status", "exit_code", "timed_out", "wall_s", "stderr_tail", "started_utc"):
+            for key in ("status", "exit_code", "timed_out", "wall_s", "stderr_tail", "started_utc", "marker"):
                 launch.pop(key, None)
             launch["status"] = results.PENDING
             interrupted = True
@@ -191,6 +196,7 @@ def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict
                                   f"commdiag-{spec.name}-{run['seed']}-{launch['index']}", spec.timeout_s,
                                   folder / "plan.json")
     launch["started_utc"] = _utc()
+    launch["marker"] = marker  # COMMDIAG_LAUNCH_ID: find any process of this launch
     outcome = launcher.run(argv, env, folder / "torchrun.log", spec.timeout_s)
     if outcome.interrupted:
         return outcome

@@ -1,0 +1,43 @@
+"""Shared test helpers: tiny real sweeps (gloo, torchrun) written into temporary folders."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_spec(path: Path, **overrides) -> Path:
+    """A small gloo spec (2 ranks, 2 sizes, few iterations) with ``overrides`` applied."""
+    spec = {
+        "name": "t", "backend": "gloo", "nproc_per_node": 2, "dtype": "float32",
+        "sizes": {"bytes": [4096, 65536]}, "trials": 1, "warmup": 2, "iters": 5, "timeout_s": 60,
+    }
+    spec.update(overrides)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p)
+    return subprocess.run([sys.executable, "-m", "commdiag.cli", *map(str, args)], capture_output=True,
+                          text=True, env=full_env, timeout=timeout, cwd=cwd)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    return lambda **kw: write_spec(tmp_path / "spec.yaml", **kw)

@@ -1,0 +1,174 @@
+"""The sweep engine end to end with real torchrun launches on gloo (nothing mocked)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from commdiag import launcher
+from commdiag.results import load_run
+
+from conftest import REPO, free_port, run_cli, write_spec
+
+
+def read_run(run_dir):
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def survivors(run):
+    return [pid for l in run["launches"] if l.get("marker") for pid in launcher.marked_pids(l["marker"])]
+
+
+def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", trials=2, base_env={"NCCL_NVLS_ENABLE": "0"},
+                      configs={"ll": {"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": 16777216}})
+    proc = run_cli("sweep", spec, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "busbw" in proc.stdout and "ETA" in proc.stderr
+    run = read_run(out)
+    assert run["format"] == "commdiag-run" and run["version"] == 1 and run["state"] == "complete"
+    assert [l["status"] for l in run["launches"]] == ["ok"] * 4
+    # interleaved: each round runs both configs once
+    assert sorted(l["config"] for l in run["launches"][:2]) == ["default", "ll"]
+    with open(out / "samples.csv") as f:
+        rows = list(csv.DictReader(f))
+    # 4 launches x 2 sizes x 1 mode (eager) x 5 iterations
+    assert len(rows) == 4 * 2 * 5
+    assert set(rows[0]) == {"config", "trial", "launch", "size_bytes", "tokens", "mode", "iteration", "time_us", "enqueue_us"}
+    assert all(float(r["time_us"]) > 0 for r in rows)
+    with open(out / "summary.csv") as f:
+        summary = list(csv.DictReader(f))
+    assert len(summary) == 2 * 2  # configs x sizes x modes
+    assert {int(r["launches"]) for r in summary} == {2} and {r["wrong"] for r in summary} == {"0"}
+    # what each worker saw matches its config, in os.environ and in libc getenv
+    for launch in run["launches"]:
+        expected = next(c["env"] for c in run["configs"] if c["name"] == launch["config"])
+        assert len(launch["ranks"]) == 2
+        for rank in launch["ranks"]:
+            assert {k: v["environ"] for k, v in rank["env_seen"].items()} == expected
+            assert {k: v["getenv"] for k, v in rank["env_seen"].items()} == expected
+    assert run["fingerprint"]["worker"]["torch"]
+    assert not survivors(run)
+
+
+def test_hang_crash_and_wrong_launches_are_recorded_and_killed(tmp_path):
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", timeout_s=25, configs={
+        "hang": {"COMMDIAG_TEST_FAULT": "hang"},
+        "crash": {"COMMDIAG_TEST_FAULT": "crash"},
+        "wrong": {"COMMDIAG_TEST_FAULT": "wrong"},
+    })
+    proc = run_cli("sweep", spec, "--out", out)
+    assert proc.returncode == 3, proc.stderr  # some launches failed
+    run = read_run(out)
+    status = {l["config"]: l for l in run["launches"]}
+    assert status["default"]["status"] == "ok"
+    assert status["hang"]["status"] == "timeout" and status["hang"]["timed_out"]
+    assert status["hang"]["wall_s"] < 25 + 2 * launcher.KILL_GRACE_S + 5
+    assert status["crash"]["status"] == "failed" and status["crash"]["exit_code"] != 0
+    assert "crashing rank 0 on purpose" in status["crash"]["stderr_tail"]
+    assert status["wrong"]["status"] == "incorrect" and status["wrong"]["wrong"] > 0
+    # the good launch's samples survived the bad ones
+    configs_with_samples = {r["config"] for r in csv.DictReader(open(out / "samples.csv"))}
+    assert {"default", "wrong"} <= configs_with_samples and "hang" not in configs_with_samples
+    assert not survivors(run)
+
+
+def test_teardown_hang_is_a_timeout_with_complete_results(tmp_path):
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", timeout_s=20, configs={"td": {"COMMDIAG_TEST_FAULT": "hang-teardown"}})
+    proc = run_cli("sweep", spec, "--out", out, "--set", "trials=1")
+    assert proc.returncode == 3
+    run = read_run(out)
+    td = next(l for l in run["launches"] if l["config"] == "td")
+    assert td["status"] == "timeout" and td["results_complete"] and "teardown" in td["error"]
+    assert not survivors(run)
+
+
+def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path):
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", trials=2, configs={"b": {"NCCL_PROTO": "Simple"}})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait for the first finished launch
+        try:
+            if any(l["status"] == "ok" for l in read_run(out)["launches"]):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    run = read_run(out)
+    assert run["state"] == "interrupted"
+    done = {l["index"]: (out / "launches" / f"{l['index']:04d}" / "result.json").read_bytes()
+            for l in run["launches"] if l["status"] == "ok"}
+    assert 1 <= len(done) < 4 and "pending" in {l["status"] for l in run["launches"]}
+    assert not survivors(run)
+
+    resumed = run_cli("sweep", "--resume", out)
+    assert resumed.returncode == 0, resumed.stderr
+    run = read_run(out)
+    assert run["state"] == "complete" and [l["status"] for l in run["launches"]] == ["ok"] * 4
+    for index, content in done.items():  # finished launches were not redone
+        assert (out / "launches" / f"{index:04d}" / "result.json").read_bytes() == content
+    assert len(load_run(out).samples) == 4 * 2 * 5
+
+
+def test_two_torchrun_agents_rendezvous_on_localhost(tmp_path):
+    port = free_port()
+    spec = write_spec(tmp_path / "s.yaml", nproc_per_node=1, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}",
+                      timeout_s=90, configs={"b": {"NCCL_PROTO": "LL"}})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    agents = [subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out",
+                                str(tmp_path / f"node{i}")], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outputs = [a.communicate(timeout=300) for a in agents]
+    for a, (_, err) in zip(agents, outputs):
+        assert a.returncode == 0, err
+    runs = [read_run(tmp_path / f"node{i}") for i in range(2)]
+    assert runs[0]["seed"] == runs[1]["seed"]  # both nodes drew the same order
+    for run in runs:
+        assert run["world_size"] == 2
+        for launch in run["launches"]:
+            assert launch["status"] == "ok"
+            assert [r["rank"] for r in launch["ranks"]] == [0, 1]  # every node has every rank's result
+
+
+def test_nccl_spec_without_gpu_suggests_cpu_smoke(tmp_path):
+    proc = run_cli("sweep", REPO / "sweeps" / "nvlink2.yaml", "--out", tmp_path / "r")
+    assert proc.returncode == 2
+    assert "cpu-smoke.yaml" in proc.stderr and "GPU" in proc.stderr
+    assert not (tmp_path / "r").exists()  # nothing started
+
+
+def test_bad_spec_exits_2_before_any_launch(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", configs={"x": {"NCCL_NTHREADS": 100}})
+    proc = run_cli("sweep", spec, "--out", tmp_path / "r")
+    assert proc.returncode == 2
+    assert "configs.x.NCCL_NTHREADS" in proc.stderr and "64, 128, 256, 512" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux /proc")
+def test_marked_pids_finds_a_marked_child():
+    marker = launcher.new_marker()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, launcher.MARKER: marker})
+    try:
+        assert launcher.marked_pids(marker) == [child.pid]
+        assert launcher.kill_marked(marker) == 1
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        child.kill()
