@@ -6,3 +6,18 @@ restart.  The package is a library; ``commdiag.cli`` is a thin click layer.
 """
 
 __version__ = "0.1.0"
+
+
+def check_env(expect=None, **kwargs):
+    """Check this process's NCCL environment against ``expect`` (NAME -> VALUE); returns an ``EnvCheck``.
+
+    Never prints, never imports torch.  For the top of a worker (e.g. an SGLang scheduler)::
+
+        import commdiag, logging; logging.getLogger("commdiag").warning("%s", commdiag.check_env({"NCCL_PROTO": "LL"}))
+
+    ``str(result)`` is one line; ``result.ok`` and ``result.to_json()`` for code.  Without
+    ``expect`` (or ``profile=PATH``) the installed commdiag hook's settings are expected.
+    """
+    from .envcheck import check_env as _check_env
+
+    return _check_env(expect, **kwargs)

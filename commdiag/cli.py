@@ -106,5 +106,131 @@ def render_table(summary) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- check-env / detect / doctor
+
+
+def _envelope(fmt: str, body: dict) -> str:
+    return json.dumps({"format": f"commdiag-{fmt}", "version": 1, **body}, indent=1, default=str)
+
+
+def _var_line(v) -> str:
+    exp = "-" if v.expected is None else v.expected
+    return (f"  {v.status.upper():10} {v.name:24} expected={exp!s:12} environ={v.environ!s:12} getenv={v.getenv!s:12}"
+            + (f"  {v.detail}" if v.detail and v.status != "ok" else ""))
+
+
+@main.command("check-env")
+@click.option("--expect", "expects", multiple=True, metavar="NAME=VALUE", help="Expected value (repeatable).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Expect the settings of a commdiag profile (a sweep's RUN_DIR/profile.env).")
+@click.option("--var", "extra_vars", multiple=True, metavar="NAME", help="Also report this variable (repeatable).")
+@click.option("--propagation", is_flag=True,
+              help="Start children every way frameworks do (fork, spawn, forkserver, subprocess, torchrun) "
+                   "and report what arrived in each.")
+@click.option("--no-torchrun", is_flag=True, help="With --propagation: skip the torchrun paths.")
+@click.option("--nccl", "nccl", is_flag=True,
+              help="GPU machine: bring NCCL up (NCCL_DEBUG=INFO, SUBSYS=ENV) and compare what it applied, per rank.")
+@click.option("--nproc", type=int, default=None, help="With --nccl: processes (default: every visible GPU).")
+@click.option("--conf-root", type=click.Path(file_okay=False), default=None, hidden=True,
+              help="Read nccl.conf files under this staged root (tests).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, as_json):
+    """Did the NCCL settings arrive in this process (os.environ and libc getenv)? Exit 1 if not."""
+    from . import envcheck
+
+    expect = envcheck.parse_assignments(expects)
+    if nccl:
+        r = envcheck.check_nccl(expect, profile=profile_path, nproc=nproc, conf_root=conf_root)
+        if as_json:
+            click.echo(_envelope("check-env-nccl", r.to_json()))
+        else:
+            click.echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV), expectation from {r.source}:")
+            if r.debug_note:
+                click.echo(f"  note: {r.debug_note}")
+            for rank in r.ranks:
+                click.echo(f" rank {rank.rank if rank.rank is not None else '?'} pid {rank.pid} GPU {rank.device} "
+                           f"NCCL {rank.version}: {'ok' if rank.ok else 'FAIL'}")
+                for c in rank.checks:
+                    click.echo(f"  {c.status.upper():11} {c.name:24} expected={c.expected!s:12} applied={c.getenv!s}")
+            if not r.ranks:
+                click.echo(f"  NCCL printed no ENV lines (exit {r.exit_code}):\n{r.log_tail}")
+            for c in r.conf_files:
+                click.echo(f" config {c.path}: " + (", ".join(f"{k}={v}" for k, v in c.settings.items()) or "empty")
+                           if c.exists else f" config {c.path}: absent")
+        sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
+    if propagation:
+        r = envcheck.check_propagation(expect, profile=profile_path, torchrun=not no_torchrun)
+        if as_json:
+            click.echo(_envelope("check-env-propagation", r.to_json()))
+        else:
+            names = list(r.expected) + list(r.sentinels)
+            click.echo(f"expectation from {r.source}: " + (" ".join(f"{k}={v}" for k, v in r.expected.items()) or "none"))
+            for n, what in r.sentinels.items():
+                click.echo(f"  sentinel {n}: {what}")
+            for p in r.paths:
+                click.echo(f"{'ok  ' if p.ok else 'FAIL'} {p.path}" + (f"  [{p.how}]" if p.how and p.how != "-" else ""))
+                if p.error:
+                    click.echo(f"      error: {p.error}")
+                for n in names:
+                    s = p.vars.get(n)
+                    if s is not None:
+                        click.echo(f"      {n:32} environ={s['environ']!s:24} getenv={s['getenv']!s}")
+        sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
+    r = envcheck.check_env(expect, profile=profile_path, names=extra_vars, conf_root=conf_root)
+    if as_json:
+        click.echo(_envelope("check-env", r.to_json()))
+    else:
+        click.echo(f"pid {r.pid} {r.executable}; expectation from {r.source}")
+        for v in r.vars:
+            click.echo(_var_line(v))
+        if not r.vars:
+            click.echo("  no NCCL_* variables set, none expected")
+        click.echo("ok" if r.ok else f"FAIL: {len(r.failures)} variable(s) did not arrive as expected")
+    sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
+
+
+def _load_readings(path):
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise errors.CommdiagError(f"{path}: cannot read NVML recording: {e}") from None
+    # a `commdiag detect --json` output is a recording too
+    return data.get("nvml_readings", data) if isinstance(data, dict) else data
+
+
+@main.command()
+@click.option("--python", "pythons", multiple=True, metavar="PATH",
+              help="Also probe this interpreter (e.g. the inference server's venv python); repeatable.")
+@click.option("--nvml-replay", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Analyse an NVML recording (nvml-readings.json or a `detect --json` output) instead of NVML.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (it embeds the NVML readings).")
+def detect(pythons, nvml_replay, as_json):
+    """Python startup hooks per interpreter, GPU topology (NVML), versions."""
+    from . import detect as detect_mod
+
+    d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay))
+    click.echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d))
+
+
+@main.command()
+@click.option("--python", "pythons", multiple=True, metavar="PATH", help="Also probe this interpreter; repeatable.")
+@click.option("--expect", "expects", multiple=True, metavar="NAME=VALUE", help="Expected value (repeatable).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Expect the settings of a commdiag profile.")
+@click.option("--nvml-replay", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Use an NVML recording instead of NVML.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def doctor(pythons, expects, profile_path, nvml_replay, as_json):
+    """detect + check-env as one ranked health report; exit 1 if anything needs attention."""
+    from . import doctor as doctor_mod, envcheck
+
+    r = doctor_mod.doctor(pythons, expect=envcheck.parse_assignments(expects), profile=profile_path,
+                          nvml_readings=_load_readings(nvml_replay))
+    click.echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r))
+    sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
+
+
 if __name__ == "__main__":
     main()

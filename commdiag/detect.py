@@ -1,0 +1,170 @@
+"""What this machine is, for NCCL: Python startup hooks, GPU topology, versions.
+
+``detect()`` returns one frozen ``Detection`` with three parts:
+
+1. Python hooks per interpreter (this one and each ``--python PATH``), from
+   ``pyprobe.probe`` (which runs none of them);
+2. the GPU topology from NVML (``topology.py``; replayable from a recording);
+3. versions: driver, CUDA driver, NCCL (from torch when it is importable and has
+   CUDA, else from the libnccl found), torch, Python.
+
+No driver or no NVML makes part 2 one line with the reason; the rest still works.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import importlib.util
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+
+from . import pyprobe
+from .errors import CommdiagError
+from .topology import Topology, topology
+
+
+@dataclass(frozen=True)
+class PythonReport:
+    python: str  # as given (or sys.executable)
+    hooks: pyprobe.PythonHooks | None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        return {"python": self.python, "hooks": self.hooks.to_json() if self.hooks else None, "error": self.error}
+
+
+@dataclass(frozen=True)
+class Detection:
+    pythons: list[PythonReport]
+    topology: Topology
+    versions: dict
+    nvml_readings: dict | None = None  # what topology was computed from: a recording, replayable
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"pythons": [p.to_json() for p in self.pythons], "topology": self.topology.to_json(),
+                "versions": self.versions, "nvml_readings": self.nvml_readings, "notes": self.notes}
+
+
+def find_libnccl() -> str | None:
+    """libnccl: pip's nvidia-nccl wheels in this interpreter's site dirs, then the system's loader path."""
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])()) + [p for p in sys.path if p.endswith("-packages")]
+    for d in dict.fromkeys(dirs):
+        for hit in sorted(glob.glob(os.path.join(d, "nvidia", "nccl", "lib", "libnccl.so*"))):
+            return hit
+    return ctypes.util.find_library("nccl")
+
+
+def libnccl_version(path: str) -> str | None:
+    try:
+        lib = ctypes.CDLL(path)
+        v = ctypes.c_int()
+        if lib.ncclGetVersion(ctypes.byref(v)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    code = v.value  # NCCL_VERSION(X,Y,Z): X*10000+Y*100+Z since 2.9, X*1000+Y*100+Z before
+    major, rest = (code // 10000, code % 10000) if code >= 10000 else (code // 1000, code % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def collect_versions(topo: Topology, *, with_torch: bool = True) -> dict:
+    out: dict = {"python": platform.python_version(), "python_executable": sys.executable,
+                 "driver": topo.driver, "cuda_driver": topo.cuda_driver, "torch": None, "torch_cuda": None,
+                 "nccl": None, "nccl_source": None}
+    if with_torch and importlib.util.find_spec("torch") is not None:
+        try:
+            import torch
+
+            out["torch"], out["torch_cuda"] = torch.__version__, torch.version.cuda
+            if torch.version.cuda:
+                v = torch.cuda.nccl.version()
+                out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+                out["nccl_source"] = "torch.cuda.nccl.version()"
+        except Exception:  # a CPU build has no NCCL: fall through to the library
+            pass
+    if out["nccl"] is None:
+        lib = find_libnccl()
+        if lib:
+            out["nccl"], out["nccl_source"] = libnccl_version(lib), lib
+    return out
+
+
+def detect(pythons=(), *, current: bool = True, nvml_readings: dict | None = None, with_torch: bool = True,
+           cross_check: bool = True) -> Detection:
+    """Probe interpreters, read (or replay) the topology, collect versions."""
+    reports = []
+    targets = ([sys.executable] if current else []) + [p for p in pythons]
+    for py in dict.fromkeys(targets):
+        try:
+            reports.append(PythonReport(py, pyprobe.probe(py, cross_check=cross_check)))
+        except CommdiagError as e:
+            reports.append(PythonReport(py, None, str(e)))
+    readings = nvml_readings
+    notes = []
+    if readings is None:
+        from .topology import NvmlUnavailable, read_nvml
+
+        try:
+            readings = read_nvml()
+        except NvmlUnavailable as e:
+            topo = Topology(False, str(e))
+            notes.append(f"topology skipped: {e}")
+        else:
+            topo = topology(readings)
+    else:
+        topo = topology(readings)
+        notes.append("topology replayed from a recording")
+    return Detection(reports, topo, collect_versions(topo, with_torch=with_torch), readings, notes)
+
+
+def render(d: Detection) -> str:
+    lines = ["Python hooks"]
+    for r in d.pythons:
+        lines.append(f"  {r.python}")
+        if r.hooks is None:
+            lines.append(f"    error: {r.error}")
+            continue
+        h = r.hooks
+        venv = f" (venv of {h.base_prefix})" if h.in_venv else ""
+        lines.append(f"    Python {h.version}, prefix {h.prefix}{venv}")
+        target = f" -> {h.sitecustomize_target}" if h.sitecustomize_target and h.sitecustomize_target != h.sitecustomize else ""
+        lines.append(f"    sitecustomize: {h.sitecustomize or 'none'}{target}")
+        for s in h.shadowed_sitecustomize:
+            lines.append(f"    SHADOWED (will not load): {s}")
+        lines.append(f"    usercustomize: {h.usercustomize or 'none'}   user site: {h.user_site} "
+                     f"({'enabled' if h.user_site_enabled else 'disabled'})")
+        for f, n, line in h.pth_exec:
+            lines.append(f"    .pth runs code: {f}:{n}: {line[:80]}{'...' if len(line) > 80 else ''}")
+        if h.disabled_by:
+            lines.append(f"    disabled by: {', '.join(h.disabled_by)}")
+        lines.append(f"    site-packages: {', '.join(h.site_packages) or 'none'}")
+        lines.append(f"    cross-check (a normal start): {h.cross_check}")
+    lines.append("")
+    t = d.topology
+    if not t.available:
+        lines.append(f"Topology: unavailable: {t.reason}")
+    else:
+        lines.append(f"Topology: {len(t.gpus)} GPU(s), {t.classification}")
+        for g in t.gpus:
+            lines.append(f"  GPU{g.index} {g.name} {g.bus_id} PCIe gen{g.pcie_gen}x{g.pcie_width} "
+                         f"(max gen{g.pcie_gen_max}x{g.pcie_width_max}) NUMA {g.numa if g.numa is not None else 'N/A'} "
+                         f"NVLink {g.active_links}/{len(g.nvlinks)} active")
+        lines.append("")
+        lines += ["  " + l for l in t.matrix().splitlines()]
+        lines.append("")
+        lines += [f"  NCCL_P2P_LEVEL: {a}" for a in t.advice]
+    lines.append("")
+    v = d.versions
+    lines.append("Versions: " + ", ".join(f"{k} {v[k]}" for k in ("driver", "cuda_driver", "nccl", "torch", "python")
+                                          if v.get(k)))
+    if v.get("nccl_source"):
+        lines.append(f"  NCCL from {v['nccl_source']}")
+    lines += [f"note: {n}" for n in d.notes]
+    return "\n".join(lines)
