@@ -63,7 +63,7 @@ def _progress_line(p) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 def sweep(spec_file, sets, out, resume, as_json):
     """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial)."""
-    from . import results, spec as spec_mod, sweep as sweep_mod
+    from . import report, results, spec as spec_mod, sweep as sweep_mod
 
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
@@ -75,12 +75,19 @@ def sweep(spec_file, sets, out, resume, as_json):
     progress = None if as_json else (lambda p: click.echo(_progress_line(p), err=True))
     res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress)
     data = results.load_run(res.run_dir)
+    pub = report.publish(res.run_dir)  # verdicts, report.html, winner profiles
     if as_json:
         click.echo(json.dumps({"format": "commdiag-sweep-result", "version": 1, "run_dir": str(res.run_dir),
                                "state": res.state, "launches": res.counts,
-                               "summary": json.loads(data.summary.to_json(orient="records"))}, indent=1))
+                               "summary": json.loads(data.summary.to_json(orient="records")),
+                               "verdicts": pub.verdicts.to_json(), "report": str(pub.report),
+                               "profiles": [str(res.run_dir / p) for p in pub.profiles]}, indent=1))
     else:
         click.echo(render_table(data.summary))
+        click.echo("\n" + report.render_verdicts(pub.verdicts))
+        click.echo(f"\nreport: {pub.report}")
+        click.echo("profiles: " + (", ".join(str(res.run_dir / p) for p in pub.profiles) if pub.profiles
+                                   else "none (no significant winner: keep NCCL defaults)"))
         click.echo(f"\nrun folder: {res.run_dir}   launches: "
                    + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
         if res.state == "interrupted":
@@ -88,6 +95,46 @@ def sweep(spec_file, sets, out, resume, as_json):
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
+
+
+@main.command("report")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path),
+              help="HTML file to write (default: RUN_DIR/report.html).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON instead of the table.")
+def report_cmd(run_dir, out, as_json):
+    """Write the HTML report of a run folder (offline, one file) and print the verdicts; never measures."""
+    from . import report
+
+    path, verdicts = report.write_report(run_dir, out)
+    if as_json:
+        click.echo(json.dumps({"format": "commdiag-verdicts", "version": 1, "run_dir": str(run_dir),
+                               "report": str(path), "verdicts": verdicts.to_json()}, indent=1))
+    else:
+        click.echo(report.render_verdicts(verdicts))
+        click.echo(f"\nreport: {path}")
+
+
+@main.command("compare")
+@click.argument("run_a", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("run_b", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the comparison as an HTML file.")
+def compare_cmd(run_a, run_b, as_json, html_out):
+    """Compare two run folders: per config x size x mode, did B change beyond the noise of either run?"""
+    from . import compare
+    from .atomic import write_text
+
+    res = compare.run(run_a, run_b)
+    if html_out:
+        write_text(html_out, compare.build_html(res))
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=1))
+    else:
+        click.echo(compare.render_text(res))
+        if html_out:
+            click.echo(f"\nhtml: {html_out}")
 
 
 def render_table(summary) -> str:

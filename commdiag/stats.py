@@ -158,6 +158,10 @@ def _var(xs):
     return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
 
 
+def _exp(v: float) -> float:
+    return math.exp(min(v, 700.0))  # an interval this wide is "unbounded"; avoid OverflowError
+
+
 def _median(xs):
     s = sorted(xs)
     n = len(s)
@@ -329,7 +333,9 @@ def compare_logs(xs: list[float], ys: list[float], noise: Noise, upper: float,
     var_c, var_d = _side_var(xs, noise), _side_var(ys, noise)
     se = math.sqrt(var_c / len(xs) + var_d / len(ys))
     t = t_quantile(upper, noise.df)
-    lo, hi = math.exp(d - t * se), math.exp(d + t * se)
+    if not math.isfinite(t):
+        return ratio, None, None, INCONCLUSIVE, None
+    lo, hi = _exp(d - t * se), _exp(d + t * se)
     effect = math.log1p(min_effect)
     if hi < 1.0 and d <= -effect:
         return ratio, lo, hi, FASTER, None
@@ -338,6 +344,38 @@ def compare_logs(xs: list[float], ys: list[float], noise: Noise, upper: float,
     if abs(d) >= effect and lo <= 1.0 <= hi:
         k = min(len(xs), len(ys))
         return ratio, lo, hi, INCONCLUSIVE, _more_launches(d, var_c, var_d, k, noise, upper)
+    return ratio, lo, hi, SAME, None
+
+
+def compare_independent(xs: list[float], noise_x: Noise, ys: list[float], noise_y: Noise, upper: float,
+                        min_effect: float = MIN_EFFECT):
+    """Like ``compare_logs`` for two independent runs (``commdiag compare``): each side keeps its own
+    run's pooled noise, and the df is Welch-Satterthwaite's over the two pooled estimates."""
+    if not xs or not ys:
+        return None, None, None, INCONCLUSIVE, None
+    d = _mean(xs) - _mean(ys)
+    ratio = math.exp(d)
+    if not noise_x.df or not noise_y.df:
+        return ratio, None, None, INCONCLUSIVE, None
+    va, vb = _side_var(xs, noise_x) / len(xs), _side_var(ys, noise_y) / len(ys)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        df = float(noise_x.df + noise_y.df)
+    else:
+        df = (va + vb) ** 2 / (va ** 2 / noise_x.df + vb ** 2 / noise_y.df)
+    t = t_quantile(upper, df)
+    if not math.isfinite(t):
+        return ratio, None, None, INCONCLUSIVE, None
+    lo, hi = _exp(d - t * se), _exp(d + t * se)
+    effect = math.log1p(min_effect)
+    if hi < 1.0 and d <= -effect:
+        return ratio, lo, hi, FASTER, None
+    if lo > 1.0 and d >= effect:
+        return ratio, lo, hi, SLOWER, None
+    if abs(d) >= effect and lo <= 1.0 <= hi:
+        k = min(len(xs), len(ys))
+        merged = Noise(max(noise_x.var or 0.0, noise_y.var or 0.0), int(df), max(noise_x.configs, noise_y.configs))
+        return ratio, lo, hi, INCONCLUSIVE, _more_launches(d, va * len(xs), vb * len(ys), k, merged, upper)
     return ratio, lo, hi, SAME, None
 
 
