@@ -129,7 +129,7 @@ def nccl_conf_files(env: dict | None = None, root: str | None = None) -> list[Co
     files: list[tuple[str, str]] = []
     user_file = env.get("NCCL_CONF_FILE")
     if user_file:
-        files.append((user_file if not root or not os.path.isabs(user_file) else rooted(user_file), "NCCL_CONF_FILE"))
+        files.append((user_file, "NCCL_CONF_FILE"))  # an explicit path: used as given, also under ``root``
     else:
         try:
             home = pwd.getpwuid(os.getuid()).pw_dir
