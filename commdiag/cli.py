@@ -279,5 +279,56 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
 
 
+
+@main.command("install-hook")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False, path_type=Path), metavar="RUN_DIR",
+              help="Install the sweep's winner (RUN_DIR/profile.env); refused when there is none, unless --force.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), help="Install a profile file.")
+@click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="A setting (repeatable; on top of --from/--profile).")
+@click.option("--python", "python", metavar="PATH", help="Target interpreter (default: this one).")
+@click.option("--method", type=click.Choice(["auto", "pth", "sitecustomize", "none"]), default="auto", show_default=True,
+              help="Python hook method; auto chooses from what detect finds; none: no Python hook.")
+@click.option("--systemd", "systemd_unit", metavar="UNIT", help="Also write a drop-in for this systemd unit.")
+@click.option("--systemd-env-file", is_flag=True, help="With --systemd: EnvironmentFile= instead of Environment= lines.")
+@click.option("--nccl-conf", type=click.Choice(["system", "user"]), is_flag=False, flag_value="system", default=None,
+              help="Also write NCCL's config file: /etc/nccl.conf (system, the default) or ~/.nccl.conf (user).")
+@click.option("--override", is_flag=True, help="Set the variables even when already set (default: a value already set wins).")
+@click.option("--force", is_flag=True, help="Install without a sweep winner; replace a file that is not commdiag's.")
+@click.option("--root", type=click.Path(file_okay=False), help="Write system paths under DIR instead of / (staging, tests).")
+@click.option("--status", "show_status", is_flag=True, help="What is installed where, and whether it loads now.")
+@click.option("--uninstall", is_flag=True, help="Restore exactly what was there before, from the manifest.")
+@click.option("--all", "all_installs", is_flag=True, help="With --uninstall: every recorded install.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (files, content, diffs) and change nothing.")
+@click.option("--python-flag", "python_flags", multiple=True, metavar="FLAG",
+              help="With --status: a flag the service starts the interpreter with (-S, -I, ...); repeatable.")
+@click.option("--no-verify", is_flag=True, help="Do not start the target interpreter after installing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit, systemd_env_file, nccl_conf, override,
+                     force, root, show_status, uninstall, all_installs, dry_run, python_flags, no_verify, as_json):
+    """Persist NCCL settings: a Python startup hook (.pth or sitecustomize), a systemd drop-in, nccl.conf."""
+    from . import hook
+
+    if show_status and uninstall:
+        raise click.UsageError("--status and --uninstall exclude each other")
+    if show_status:
+        expected = None
+        if from_dir or profile_path or sets:
+            expected = hook.resolve_settings(from_dir, profile_path, sets, force=True).values
+        res = hook.status(python=python, flags=python_flags, root=root, expected=expected)
+        click.echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res))
+        sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
+    if uninstall:
+        res = hook.uninstall(python=python, method=method, systemd_unit=systemd_unit, nccl_conf=nccl_conf,
+                             all_installs=all_installs, root=root, force=force, dry_run=dry_run)
+    else:
+        settings = hook.resolve_settings(from_dir, profile_path, sets, force=force)
+        req = hook.Request(settings, python=python, method=method, systemd_unit=systemd_unit,
+                           systemd_env_file=systemd_env_file, nccl_conf=nccl_conf, override=override, force=force,
+                           root=root)
+        res = hook.install(req, dry_run=dry_run, verify=not no_verify)
+    click.echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_install(res))
+    sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,779 @@
+"""``commdiag install-hook``: put the winning NCCL settings where every worker will get them.
+
+Three places, any combination (one invocation, one install record per place):
+
+* the Python hook for an interpreter (``--python``, default: this one), by one of
+  two methods, the default chosen from what detect's probe (pyprobe.py) finds:
+  ``pth`` (``commdiag_nccl_hook.py`` + ``commdiag-nccl.pth`` in the target's
+  site-packages: read at every start whichever sitecustomize wins, the robust
+  way inside venvs) or ``sitecustomize`` (create one, or append a marked block to
+  the one that loads; Debian's symlinked one is edited at its target, the link is
+  kept; one shared with other interpreters is left alone in favour of pth);
+* ``--systemd UNIT``: a drop-in with Environment= lines (or an EnvironmentFile=);
+* ``--nccl-conf``: NCCL's own config file, read by NCCL in every process.
+
+Flow (STYLE principle 9): ``survey`` reads the system, ``hookplan`` makes the
+plan (pure), ``--dry-run`` renders it, ``hookstate.apply`` applies it under a
+lock and the manifest records the exact undo.  After an install the target
+interpreter is started fresh (and a spawn child of it) to check that the values
+arrive.  ``status`` and ``uninstall`` read the manifest.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import posixpath
+import pwd
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__, hookplan, hookstate, hooktext, ncclvars, systemd
+from . import profile as profile_mod
+from .errors import CommdiagError
+from .hookplan import BLOCK, OWNED, Desired, Plan, Target
+from .hookstate import Roots
+
+METHODS = ("auto", "pth", "sitecustomize", "none")
+VERIFY_TIMEOUT_S = 60.0  # a cold interpreter plus one spawn child: ~1 s; generous for a loaded machine
+_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+# --------------------------------------------------------------------------- what to install
+
+@dataclass(frozen=True)
+class Settings:
+    values: dict[str, str]
+    source: str
+    warnings: tuple[str, ...] = ()
+
+
+def _no_winner_reason(run_dir: Path) -> str:
+    """Why a run folder has no profile.env, from what the run folder says."""
+    try:
+        run = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return f"{run_dir} has no profile.env and no readable run.json (is it a commdiag run folder?)"
+    verdict = run.get("verdicts", run.get("verdict"))
+    bands = sorted(p.name for p in run_dir.glob("profile-*.env"))
+    why = "the sweep recorded no significant winner (keep NCCL's defaults)"
+    if isinstance(verdict, dict):
+        parts = [f"{k}: {v}" for k, v in verdict.items() if isinstance(v, (str, int, float)) or v is None]
+        if parts:
+            why = "run.json verdicts: " + "; ".join(parts)
+    elif isinstance(verdict, (str, list)):
+        why = f"run.json verdicts: {verdict}"
+    if bands:
+        why += ("; per-band winners exist (" + ", ".join(bands) + ") but no single profile helps every band: "
+                f"choose one with --profile {run_dir / bands[0]}")
+    return why
+
+
+def resolve_settings(from_dir: str | None = None, profile: str | None = None, sets=(), *,
+                     force: bool = False) -> Settings:
+    """The settings to install: the run's winner, a profile, then ``--set`` on top; validated."""
+    values: dict[str, str] = {}
+    sources: list[str] = []
+    warnings: list[str] = []
+    if from_dir is not None:
+        run_dir = Path(from_dir)
+        path = run_dir / "profile.env"
+        if path.is_file():
+            values.update(profile_mod.load(path).settings)
+            sources.append(str(path))
+        else:
+            why = _no_winner_reason(run_dir)
+            if not force:
+                raise CommdiagError(f"--from {run_dir}: nothing to install: {why}. "
+                                    "Use --force to install --set/--profile settings anyway")
+            warnings.append(f"--from {run_dir}: {why}; installing the given settings anyway (--force)")
+            sources.append(f"{run_dir} (no winner; --force)")
+    if profile is not None:
+        values.update(profile_mod.load(profile).settings)
+        sources.append(str(profile))
+    for item in sets:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise CommdiagError(f"--set {item!r}: expected NAME=VALUE")
+        error, warning = ncclvars.check_setting(name, value)
+        if error:
+            raise CommdiagError(f"--set {item!r}: {name}: {error}")
+        if warning:
+            warnings.append(warning)
+        values[name] = value
+    if sets:
+        sources.append("--set " + " ".join(f"{n}={v}" for n, v in values.items() if f"{n}={v}" in sets))
+    if not values:
+        raise CommdiagError("nothing to install: give --from RUN_DIR, --profile FILE or --set NAME=VALUE")
+    hooktext.check_values(values)
+    return Settings(values, " + ".join(sources), tuple(warnings))
+
+
+@dataclass(frozen=True)
+class Request:
+    settings: Settings
+    python: str | None = None  # default: this interpreter
+    method: str = "auto"
+    systemd_unit: str | None = None
+    systemd_env_file: bool = False
+    nccl_conf: str | None = None  # "system" | "user"
+    override: bool = False
+    force: bool = False
+    root: str | None = None
+
+
+# --------------------------------------------------------------------------- the Python target
+
+def _probe(python: str | None, flags=()):
+    from . import pyprobe
+
+    return pyprobe.probe(python, flags=list(flags), cross_check=False)
+
+
+_SC_FORMS = ("sitecustomize.py", "sitecustomize/__init__.py", "sitecustomize.pyc")
+
+
+def sitecustomize_files(hooks, roots: Roots) -> list[str]:
+    """Every sitecustomize on the target's path, the one that loads first (target-system paths).
+
+    Under --root they are looked up in the staged tree, so a staged Debian symlink counts."""
+    if hooks.hooks_disabled:
+        return []
+    if roots.root is None:
+        return ([hooks.sitecustomize] if hooks.sitecustomize else []) + list(hooks.shadowed_sitecustomize)
+    import importlib.machinery
+
+    forms = _SC_FORMS + tuple("sitecustomize" + s for s in importlib.machinery.EXTENSION_SUFFIXES)
+    found = []
+    for entry in hooks.sys_path:
+        for form in forms:
+            p = posixpath.join(entry, form)
+            if os.path.lexists(roots.staged(p)):
+                found.append(p)
+                break
+    return found
+
+
+def hook_site_dir(hooks) -> str | None:
+    """The site-packages a hook goes into: the first one site.py adds that is not the user site."""
+    for sp in hooks.site_packages:
+        if sp != hooks.user_site:
+            return sp
+    return None
+
+
+def python_target(hooks, requested: str, settings: Settings, *, override: bool, roots: Roots,
+                  sitecustomizes: list[str], meta: dict) -> Target:
+    """Where the hook goes for this interpreter, by which method, and why (pure but for path lookups)."""
+    exe, prefix = hooks.executable, hooks.prefix
+    notes: list[str] = []
+    sp = hook_site_dir(hooks)
+    sitecustomize = sitecustomizes[0] if sitecustomizes else None
+    sc_file = sitecustomize if sitecustomize and sitecustomize.endswith(".py") else None
+    shared = sitecustomize is not None and not sitecustomize.startswith(prefix.rstrip("/") + "/")
+    shadowed_own = [s for s in sitecustomizes[1:] if s.startswith(prefix.rstrip("/") + "/")]
+    if hooks.hooks_disabled:
+        notes.append(f"warning: {exe} starts with site processing off ({', '.join(hooks.disabled_by)}): "
+                     "no sitecustomize or .pth hook runs; use --systemd or --nccl-conf")
+    method = requested
+    if method == "auto":
+        if sp is None:
+            method = "sitecustomize"
+            notes.append(f"{exe} has no site-packages directory: a sitecustomize is the only Python hook")
+        elif hooks.in_venv:
+            method = "pth"
+            notes.append(f"{exe} is a venv: a .pth file in {sp} is read at every start whichever sitecustomize wins")
+        elif sitecustomize is not None:
+            method = "pth"
+            notes.append(f"{sitecustomize} is another party's sitecustomize: left untouched, a .pth hook "
+                         "runs beside it")
+        else:
+            method = "sitecustomize"
+            notes.append(f"no sitecustomize loads for {exe}: commdiag creates one")
+    if shadowed_own:
+        notes.append(f"{', '.join(shadowed_own)} is shadowed by {sitecustomize} (earlier on sys.path): "
+                     "it never runs, so a hook there would not either")
+    if method == "sitecustomize" and sitecustomize is not None and (shared or sc_file is None):
+        if sp is None:
+            raise CommdiagError(f"{sitecustomize}: cannot add a block to it and {exe} has no site-packages for a .pth")
+        why = (f"{sitecustomize} is loaded by every interpreter built on {hooks.base_prefix}, not only {exe}"
+               if shared else f"{sitecustomize} is not a .py source file commdiag can add a block to")
+        notes.append(f"sitecustomize method: {why}; installing with the .pth method instead")
+        method = "pth"
+    if method == "pth" and sp is None:
+        raise CommdiagError(f"{exe}: no site-packages directory for a .pth file; use --method sitecustomize")
+    desired: list[Desired] = []
+    info = {"target": exe, "prefix": prefix, "settings": dict(settings.values), "override": override,
+            "source": settings.source}
+    if method == "pth":
+        module = posixpath.join(sp, hooktext.HOOK_MODULE + ".py")
+        pth = posixpath.join(sp, hooktext.PTH_NAME)
+        text = hooktext.hook_block(settings.values, override=override, meta=meta)
+        desired += [Desired(roots.staged(module), module, OWNED, text, import_dir=roots.staged(sp),
+                            module=hooktext.HOOK_MODULE),
+                    Desired(roots.staged(pth), pth, OWNED, hooktext.PTH_LINE)]
+        reads = hooks.pth_reads.get(pth) or (2 if hooks.in_venv else 1)
+        notes.append(f"installed {pth} (one line: import {hooktext.HOOK_MODULE}) and {module}; site.py reads "
+                     f"the .pth {reads} time(s) per start, the hook is idempotent")
+        info["hook_file"] = module
+    elif method == "sitecustomize":
+        # The prefix guard: a sitecustomize is also imported by venvs made from this interpreter.
+        text = hooktext.hook_block(settings.values, override=override, meta=meta, prefix=prefix)
+        if sitecustomize is None:
+            path = posixpath.join(sp, "sitecustomize.py")
+            desired.append(Desired(roots.staged(path), path, BLOCK, text, import_dir=roots.staged(sp),
+                                   module="sitecustomize"))
+            notes.append(f"created {path} holding only commdiag's marked block")
+            info["hook_file"] = path
+        else:
+            real = roots.resolve(sitecustomize)
+            shown = roots.shown(real)
+            if not os.path.isdir(posixpath.dirname(real)):
+                raise CommdiagError(f"{sitecustomize} points to {shown}, whose directory does not exist; "
+                                    "use --method pth")
+            desired.append(Desired(real, shown, BLOCK, text, import_dir=roots.staged(posixpath.dirname(sitecustomize)),
+                                   module="sitecustomize"))
+            via = f" (the file the symlink {sitecustomize} points to; the link is kept)" if shown != sitecustomize else ""
+            notes.append(f"appended a marked, removable commdiag block to {shown}{via}; the rest of the file is "
+                         "unchanged; the block applies only when sys.prefix is " + prefix)
+            info["hook_file"] = sitecustomize
+    info["site_dir"] = sp
+    return Target(f"python:{prefix}", "python", method, tuple(desired), info, tuple(notes))
+
+
+# --------------------------------------------------------------------------- systemd and nccl.conf
+
+def systemd_target(unit: str, settings: Settings, *, env_file: bool, roots: Roots, meta: dict) -> Target:
+    unit = systemd.unit_name(unit)
+    dropin = systemd.dropin_path(unit)
+    desired = []
+    notes = []
+    if env_file:
+        ef = systemd.env_file_path(unit)
+        desired.append(Desired(roots.staged(ef), ef, OWNED, systemd.env_file_text(settings.values, meta=meta)))
+        text = systemd.dropin_text(settings.values, meta=meta, env_file=ef)
+        notes.append(f"{dropin}: EnvironmentFile={ef} (values there override the unit's Environment=)")
+    else:
+        text = systemd.dropin_text(settings.values, meta=meta)
+        notes.append(f"{dropin}: Environment= lines (later assignments win: they override the unit's own)")
+    desired.insert(0, Desired(roots.staged(dropin), dropin, OWNED, text))
+    info = {"target": unit, "settings": dict(settings.values), "source": settings.source, "hook_file": dropin}
+    return Target(f"systemd:{unit}", "systemd", "dropin", tuple(desired), info, tuple(notes),
+                  tuple(systemd.commands(unit)))
+
+
+def nccl_conf_path(which: str) -> str:
+    if which == "system":
+        return "/etc/nccl.conf"
+    if which == "user":  # NCCL's userHomeDir: the passwd entry of the real uid
+        return posixpath.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf")
+    raise CommdiagError(f"--nccl-conf: {which!r} is not system or user")
+
+
+def nccl_conf_target(which: str, settings: Settings, *, override: bool, roots: Roots, meta: dict) -> Target:
+    path = nccl_conf_path(which)
+    block = hooktext.nccl_conf_block(settings.values, meta=meta)
+    # NCCL applies each line with setenv(..., overwrite=0): within a file the first line for a
+    # name wins, so --override puts the block first and the default appends it (existing lines win).
+    notes = [f"{path}: NCCL reads it at init in every process, Python or not; the process environment "
+             "always wins over it" + (" (--override only puts commdiag's lines before the file's own)"
+                                      if override else "; lines already in the file win over commdiag's")]
+    info = {"target": path, "settings": dict(settings.values), "source": settings.source, "hook_file": path}
+    return Target(f"nccl-conf:{path}", "nccl-conf", "block",
+                  (Desired(roots.staged(path), path, BLOCK, block, at_top=override),), info, tuple(notes))
+
+
+# --------------------------------------------------------------------------- install
+
+@dataclass(frozen=True)
+class Verification:
+    ok: bool
+    detail: str
+    seen: dict = field(default_factory=dict)  # process -> name -> {environ, getenv}
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    plan: Plan
+    dry_run: bool
+    state_dir: str
+    diff: str  # the plan rendered: new files' content, diffs of edited ones
+    verification: tuple[Verification, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verification)
+
+    def to_json(self) -> dict:
+        return {"format": "commdiag-install-hook", "version": 1, "action": self.plan.action,
+                "dry_run": self.dry_run, "state_dir": self.state_dir, "ok": self.ok,
+                "changes": [{"path": c.shown, "staged": c.path, "why": c.why, "before": c.before.kind,
+                             "after": c.after.kind, "sha256": c.after.sha256} for c in self.plan.changes],
+                "mkdirs": list(self.plan.mkdirs), "rmdirs": list(self.plan.rmdirs),
+                "notes": list(self.plan.notes), "warnings": list(self.warnings) + list(self.plan.warnings),
+                "commands": list(self.plan.commands),
+                "verification": [{"ok": v.ok, "detail": v.detail, "seen": v.seen} for v in self.verification]}
+
+
+def _meta(settings: Settings, python: str | None, root: str | None) -> dict:
+    remove = "commdiag install-hook --uninstall" + (f" --python {python}" if python else "") + (
+        f" --root {root}" if root else "")
+    return {"commdiag": __version__, "source": settings.source,
+            "installed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "remove": remove}
+
+
+def _targets(req: Request, roots: Roots, meta: dict) -> tuple[list[Target], object | None]:
+    targets: list[Target] = []
+    hooks = None
+    if req.method != "none":
+        if req.method not in METHODS:
+            raise CommdiagError(f"--method: {req.method!r} is not one of {', '.join(METHODS)}")
+        hooks = _probe(req.python)
+        targets.append(python_target(hooks, req.method, req.settings, override=req.override, roots=roots,
+                                     sitecustomizes=sitecustomize_files(hooks, roots), meta=meta))
+    if req.systemd_unit:
+        targets.append(systemd_target(req.systemd_unit, req.settings, env_file=req.systemd_env_file,
+                                      roots=roots, meta=meta))
+    if req.nccl_conf:
+        targets.append(nccl_conf_target(req.nccl_conf, req.settings, override=req.override, roots=roots, meta=meta))
+    if not targets:
+        raise CommdiagError("nothing to install into: --method none and neither --systemd nor --nccl-conf")
+    return targets, hooks
+
+
+def _survey(targets: list[Target], records: dict[str, dict]) -> dict:
+    paths = [d.path for t in targets for d in t.desired]
+    bytecode = [d.import_dir for t in targets for d in t.desired if d.import_dir]
+    for t in targets:
+        for f in records.get(t.key, {}).get("files", []):
+            paths.append(f["path"])
+            if f.get("import_dir"):
+                bytecode.append(f["import_dir"])
+    return hookstate.snapshot(paths, bytecode)
+
+
+def render_plan(plan: Plan) -> str:
+    """Files and their new content, or a unified diff of an edited one (what --dry-run prints)."""
+    out = []
+    for d in plan.mkdirs:
+        out.append(f"mkdir {d} (0755)")
+    for c in plan.changes:
+        head = f"--- {c.shown}: {c.why} ({c.before.kind} -> {c.after.kind}"
+        head += f", mode {c.after.mode:04o})" if c.after.mode is not None else ")"
+        out.append(head)
+        if c.path.endswith(".pyc") or c.after.kind != hookplan.FILE and c.before.kind != hookplan.FILE:
+            continue
+        if c.before.kind == hookplan.FILE:
+            out += [l.rstrip("\n") for l in difflib.unified_diff(
+                c.before.text().splitlines(True), c.after.text().splitlines(True),
+                fromfile=f"{c.shown} (now)", tofile=f"{c.shown} (planned)")]
+        else:
+            out += ["+" + l for l in c.after.text().splitlines()]
+    for d in plan.rmdirs:
+        out.append(f"rmdir {d} (if empty)")
+    return "\n".join(out) if out else "nothing to change"
+
+
+def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> InstallResult:
+    roots = Roots(req.root)
+    meta = _meta(req.settings, req.python, req.root)
+    targets, hooks = _targets(req, roots, meta)
+    sdir = hookstate.state_dir(roots)
+    if dry_run:
+        records = {r["key"]: r for r in hookstate.load_manifest(sdir)["installs"]}
+        plan = hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
+        return InstallResult(plan, True, sdir, render_plan(plan), warnings=req.settings.warnings)
+    with hookstate.locked(sdir) as state_created:
+        committed = Plan("install", (), (), (), (), ())  # on any error: no record (apply rolled back)
+        try:
+            records = {r["key"]: r for r in hookstate.load_manifest(sdir)["installs"]}
+            plan = hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
+            created = hookstate.apply(plan, roots)
+            committed = plan = _with_created_dirs(plan, created)
+        finally:
+            # Also removes a lock and state directories this call created when nothing is installed.
+            hookstate.commit_records(sdir, committed, state_created)
+    checks: list[Verification] = []
+    if verify and hooks is not None:
+        py = next(t for t in targets if t.kind == "python")
+        if any(roots.is_rerooted(d.shown) for d in py.desired):
+            checks.append(Verification(True, f"not started: the hook was staged under --root {req.root}, "
+                                             "which the interpreter does not read"))
+        else:
+            checks.append(verify_python(hooks.executable, req.settings.values, override=req.override))
+    return InstallResult(plan, False, sdir, render_plan(plan), tuple(checks), req.settings.warnings)
+
+
+def _with_created_dirs(plan: Plan, created: list[str]) -> Plan:
+    """Record the directories apply really created (the plan's list is what was missing when planned)."""
+    from dataclasses import replace
+
+    records = tuple({**r, "dirs_created": [d for d in r["dirs_created"] if d in created]
+                     + [d for d in created if d not in r["dirs_created"]
+                        and any(f["path"].startswith(d + "/") for f in r["files"])]}
+                    for r in plan.records)
+    return replace(plan, records=records)
+
+
+# --------------------------------------------------------------------------- verification
+
+_VERIFY = r'''
+import ctypes, json, multiprocessing, os, sys
+
+def observe(names):
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_char_p
+    out = {}
+    for n in names:
+        g = libc.getenv(n.encode())
+        out[n] = {"environ": os.environ.get(n), "getenv": None if g is None else g.decode("utf-8", "replace")}
+    return out
+
+def child(conn, names):
+    conn.send(observe(names))
+    conn.close()
+
+if __name__ == "__main__":
+    names = json.loads(sys.argv[1])
+    result = {"fresh": observe(names), "no_site": sys.flags.no_site,
+              "hook_module": getattr(sys.modules.get("commdiag_nccl_hook"), "__file__", None),
+              "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None)}
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=child, args=(send, names))
+    p.start()
+    send.close()
+    result["spawn child"] = recv.recv() if recv.poll(50) else None
+    p.join(10)
+    sys.stdout.write("\nCOMMDIAG-VERIFY " + json.dumps(result) + "\n")
+'''
+
+
+def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=()) -> dict:
+    """Run ``script`` (a file, so that spawn children can re-import it) in a fresh ``python``."""
+    with tempfile.TemporaryDirectory(prefix="commdiag-verify-") as tmp:
+        path = os.path.join(tmp, "commdiag_verify.py")
+        Path(path).write_text(script)
+        try:
+            cp = subprocess.run([python, *flags, path, *args], capture_output=True, text=True, env=env,
+                                timeout=VERIFY_TIMEOUT_S, stdin=subprocess.DEVNULL, cwd=tmp)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return {"error": f"{python} did not run: {e}"}
+    for line in reversed(cp.stdout.splitlines()):
+        if line.startswith("COMMDIAG-VERIFY "):
+            return json.loads(line[len("COMMDIAG-VERIFY "):])
+    tail = " | ".join((cp.stderr or cp.stdout).strip().splitlines()[-3:])
+    return {"error": f"{python} exited {cp.returncode} without a result: {tail or 'no output'}"}
+
+
+def _fresh_env(names) -> dict:
+    # The managed names are removed so that what arrives comes from the hook, not from this shell;
+    # no bytecode is written into the target's site-packages by this check.
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def verify_python(python: str, settings: dict[str, str], *, override: bool = False) -> Verification:
+    """Start ``python`` fresh and a spawn child of it; do the values arrive (os.environ and getenv)?"""
+    names = list(settings)
+    seen = run_fresh(python, _VERIFY, [json.dumps(names)], env=_fresh_env(names))
+    if "error" in seen:
+        return Verification(False, seen["error"])
+    bad = []
+    for proc in ("fresh", "spawn child"):
+        got = seen.get(proc)
+        if got is None:
+            bad.append(f"{proc}: no answer")
+            continue
+        for n, v in settings.items():
+            if got[n]["environ"] != v or got[n]["getenv"] != v:
+                bad.append(f"{proc}: {n} is {got[n]['environ']!r} (getenv {got[n]['getenv']!r}), expected {v!r}")
+    if bad:
+        return Verification(False, f"a fresh {python} does NOT get the settings: " + "; ".join(bad), seen)
+    return Verification(True, f"a fresh {python} and a spawn child of it see all {len(names)} settings "
+                              "(os.environ and getenv)", seen)
+
+
+# --------------------------------------------------------------------------- uninstall
+
+def _select(manifest: dict, *, keys: set[str] | None) -> list[dict]:
+    return [r for r in manifest["installs"]
+            if keys is None or r["key"] in keys or f"target:{r.get('target')}" in keys]
+
+
+def _keys(python: str | None, method: str, unit: str | None, conf: str | None) -> set[str]:
+    keys = set()
+    if method != "none":
+        exe = python or sys.executable
+        keys.add(f"target:{exe}")  # the interpreter may be gone (a deleted venv): match the recorded path too
+        try:
+            keys.add("python:" + _probe(python).prefix)
+        except CommdiagError:
+            pass
+    if unit:
+        keys.add("systemd:" + systemd.unit_name(unit))
+    if conf:
+        keys.add("nccl-conf:" + nccl_conf_path(conf))
+    return keys
+
+
+def uninstall(*, python: str | None = None, method: str = "auto", systemd_unit: str | None = None,
+              nccl_conf: str | None = None, all_installs: bool = False, root: str | None = None,
+              force: bool = False, dry_run: bool = False) -> InstallResult:
+    """Put back every file of the selected installs exactly as it was (bytes, mode, owner, symlinks)."""
+    roots = Roots(root)
+    sdir = hookstate.state_dir(roots)
+    keys = None if all_installs else _keys(python, method, systemd_unit, nccl_conf)
+
+    def make(manifest):
+        chosen = _select(manifest, keys=keys)
+        if not chosen:
+            what = "any" if keys is None else ", ".join(sorted(keys))
+            raise CommdiagError(f"no commdiag install recorded for {what} in {sdir}"
+                                + ("" if keys is None else " (--all removes every recorded install)"))
+        paths = [f["path"] for r in chosen for f in r["files"]]
+        bytecode = [f["import_dir"] for r in chosen for f in r["files"] if f.get("import_dir")]
+        return hookplan.plan_uninstall(chosen, hookstate.snapshot(paths, bytecode), force=force)
+
+    if dry_run:
+        plan = make(hookstate.load_manifest(sdir))
+        return InstallResult(plan, True, sdir, render_plan(plan))
+    if not os.path.exists(os.path.join(sdir, hookstate.MANIFEST_NAME)):
+        raise CommdiagError(f"no commdiag install recorded in {sdir}")
+    with hookstate.locked(sdir) as state_created:
+        plan = make(hookstate.load_manifest(sdir))
+        hookstate.apply(plan, roots)
+        hookstate.commit_records(sdir, plan, state_created)
+    return InstallResult(plan, False, sdir, render_plan(plan))
+
+
+# --------------------------------------------------------------------------- status
+
+@dataclass(frozen=True)
+class FileStatus:
+    path: str
+    state: str  # "as installed", "changed since install", "missing"
+
+
+@dataclass(frozen=True)
+class InstallStatus:
+    record: dict
+    files: tuple[FileStatus, ...]
+    matches_profile: bool | None  # None: no profile to compare with
+    profile_detail: str
+    loads: bool | None  # Python hook: does a fresh start of the target run it? None: not checked
+    why_not: tuple[str, ...] = ()
+    check_env: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (all(f.state == "as installed" for f in self.files) and self.matches_profile is not False
+                and self.loads is not False and (self.check_env is None or self.check_env.get("ok", True)))
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    state_dirs: tuple[str, ...]
+    installs: tuple[InstallStatus, ...]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.installs) and all(i.ok for i in self.installs)
+
+    def to_json(self) -> dict:
+        return {"format": "commdiag-hook-status", "version": 1, "ok": self.ok, "state_dirs": list(self.state_dirs),
+                "installs": [{"key": i.record["key"], "kind": i.record["kind"], "method": i.record["method"],
+                              "target": i.record.get("target"), "settings": i.record.get("settings"),
+                              "source": i.record.get("source"), "installed": i.record.get("installed"),
+                              "files": [{"path": f.path, "state": f.state} for f in i.files],
+                              "matches_profile": i.matches_profile, "profile_detail": i.profile_detail,
+                              "loads": i.loads, "why_not": list(i.why_not), "check_env": i.check_env}
+                             for i in self.installs]}
+
+
+_STATUS = _VERIFY.replace('if __name__ == "__main__":', 'def _unused():') + r'''
+if __name__ == "__main__":
+    names = json.loads(sys.argv[1])
+    result = {"no_site": sys.flags.no_site, "fresh": observe(names),
+              "hook_module": getattr(sys.modules.get("commdiag_nccl_hook"), "__file__", None),
+              "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None)}
+    try:
+        sys.path.insert(0, sys.argv[2])  # commdiag's own package, importable in any target interpreter
+        from commdiag import envcheck
+        result["check_env"] = envcheck.check_env(expect=json.loads(sys.argv[3])).to_json()
+    except Exception as e:
+        result["check_env"] = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
+    sys.stdout.write("\nCOMMDIAG-VERIFY " + json.dumps(result) + "\n")
+'''
+
+
+def _file_states(record: dict) -> tuple[FileStatus, ...]:
+    out = []
+    for f in record["files"]:
+        if f["role"] == hookplan.CACHE:
+            continue
+        cur = hookstate.read_state(f["path"])
+        if cur.kind == hookplan.ABSENT:
+            state = "missing"
+        elif hookplan._unchanged_since(cur, f):
+            state = "as installed"
+        else:
+            state = "changed since install"
+        out.append(FileStatus(f["shown"], state))
+    return tuple(out)
+
+
+def why_not_loaded(record: dict, hooks, fresh: dict, roots: Roots) -> list[str]:
+    """Reasons a fresh start of the target does not run the hook (empty when it does)."""
+    reasons = []
+    if hooks.hooks_disabled or fresh.get("no_site"):
+        reasons.append(f"site processing is off ({', '.join(hooks.disabled_by) or '-S'}): no sitecustomize "
+                       "or .pth runs at all")
+        return reasons
+    hook_file = record.get("hook_file")
+    if record["method"] == "pth":
+        site_dir = record.get("site_dir")
+        if site_dir not in hooks.site_packages:
+            reasons.append(f"{site_dir} is not a site-packages directory of {hooks.executable} "
+                           f"(its site dirs: {', '.join(hooks.site_packages) or 'none'})")
+        elif not fresh.get("hook_module"):
+            reasons.append(f"{hook_file} did not run at start (missing, or changed since install)")
+    else:
+        loaded = fresh.get("sitecustomize")
+        if hooks.sitecustomize != hook_file:
+            reasons.append(f"{hook_file} is shadowed by {hooks.sitecustomize} (first on sys.path)"
+                           if hooks.sitecustomize else f"{hook_file} is not on {hooks.executable}'s sys.path")
+        elif loaded is None:
+            reasons.append(f"{hook_file} failed to import at start")
+    return reasons
+
+
+def _compare_profile(record: dict, expected: dict | None) -> tuple[bool | None, str]:
+    installed = record.get("settings") or {}
+    if expected is None:
+        src = record.get("source", "")
+        first = src.split(" + ")[0]
+        if first.endswith(".env") and os.path.isfile(first):
+            try:
+                expected = profile_mod.load(first).settings
+            except CommdiagError as e:
+                return None, f"cannot compare with {first}: {e}"
+            label = first
+        else:
+            return None, "no profile to compare with (give --from/--profile/--set)"
+    else:
+        label = "the given settings"
+    if installed == expected:
+        return True, f"matches {label}"
+    diff = [f"{k}: installed {installed.get(k)!r}, profile {expected.get(k)!r}"
+            for k in sorted(set(installed) | set(expected)) if installed.get(k) != expected.get(k)]
+    return False, f"differs from {label}: " + "; ".join(diff)
+
+
+def status(*, python: str | None = None, flags=(), root: str | None = None,
+           expected: dict[str, str] | None = None) -> StatusResult:
+    """What commdiag installed where, whether it matches, whether the target will load it now."""
+    roots = Roots(root)
+    dirs = [hookstate.state_dir(roots)]
+    if root is None and os.geteuid() != 0 and os.path.isdir("/var/lib/commdiag"):
+        dirs.append("/var/lib/commdiag")
+    records = [r for d in dirs for r in hookstate.load_manifest(d)["installs"]]
+    hooks = _probe(python, flags)
+    out = []
+    for r in records:
+        files = _file_states(r)
+        match, detail = _compare_profile(r, expected)
+        loads, why, check = None, [], None
+        if r["kind"] == "python" and r.get("prefix") == hooks.prefix:
+            if any(roots.is_rerooted(f["shown"]) for f in r["files"]):
+                why = [f"staged under --root {root}: the interpreter reads /, not the staged tree"]
+            else:
+                fresh = run_fresh(hooks.executable, _STATUS,
+                                  [json.dumps(list(r["settings"])), _PKG_PARENT, json.dumps(r["settings"])],
+                                  env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, flags=flags)
+                if "error" in fresh:
+                    loads, why = False, [fresh["error"]]
+                else:
+                    why = why_not_loaded(r, hooks, fresh, roots)
+                    loads = not why
+                    check = fresh.get("check_env")
+        elif r["kind"] == "python":
+            why = [f"for {r.get('target')}, not {hooks.executable} (use --python {r.get('target')})"]
+        out.append(InstallStatus(r, files, match, detail, loads, tuple(why), check))
+    return StatusResult(tuple(dirs), tuple(out))
+
+
+# --------------------------------------------------------------------------- what check-env expects
+
+def installed_settings(sys_path=None) -> dict[str, str]:
+    """Settings of the commdiag hook this interpreter has, read from the hook file itself.
+
+    Looks for ``commdiag_nccl_hook.py`` and for a commdiag block in ``sitecustomize.py``
+    on ``sys_path`` (default: this interpreter's), in import order: the first found is
+    what a start of this interpreter runs.  {} when there is none.
+    """
+    for entry in (sys.path if sys_path is None else sys_path):
+        for name in (hooktext.HOOK_MODULE + ".py", "sitecustomize.py"):
+            try:
+                text = Path(entry or ".", name).read_text(errors="replace")
+            except OSError:
+                continue
+            found = hooktext.settings_in(text)
+            if found is not None:
+                return found
+    return {}
+
+
+# --------------------------------------------------------------------------- rendering (the CLI prints these)
+
+def render_install(res: InstallResult) -> str:
+    head = {("install", True): "plan (dry run: nothing changed)", ("install", False): "installed",
+            ("uninstall", True): "uninstall plan (dry run: nothing changed)", ("uninstall", False): "uninstalled"}
+    lines = [f"{head[(res.plan.action, res.dry_run)]}; manifest: {res.state_dir}"]
+    lines += [f"  why: {n}" for n in res.plan.notes]
+    lines += [f"  warning: {w}" for w in (*res.warnings, *res.plan.warnings)]
+    if res.dry_run:
+        lines.append(res.diff)
+    else:
+        lines += [f"  {c.why}: {c.shown} ({c.before.kind} -> {c.after.kind})" for c in res.plan.changes]
+        if res.plan.empty:
+            lines.append("  nothing to change: already in place")
+    for v in res.verification:
+        lines.append(f"  verify: {'OK' if v.ok else 'FAILED'}: {v.detail}")
+    if res.plan.commands:
+        lines.append("then run:")
+        lines += [f"  {c}" for c in res.plan.commands]
+    return "\n".join(lines)
+
+
+def render_status(res: StatusResult) -> str:
+    if not res.installs:
+        return "no commdiag install recorded (manifests looked for in " + ", ".join(res.state_dirs) + ")"
+    lines = []
+    for i in res.installs:
+        r = i.record
+        lines.append(f"{r['kind']} {r.get('target')} [{r['method']}]: "
+                     + " ".join(f"{k}={v}" for k, v in (r.get("settings") or {}).items()))
+        lines.append(f"  source: {r.get('source')}; installed {r.get('installed')} by commdiag {r.get('commdiag')}")
+        lines += [f"  {f.path}: {f.state}" for f in i.files]
+        lines.append(f"  profile: {i.profile_detail}")
+        if i.loads is not None or i.why_not:
+            lines.append("  loads at start: " + ("yes" if i.loads else "NO") + "".join(f"; {w}" for w in i.why_not))
+        if i.check_env is not None:
+            if "error" in i.check_env:
+                lines.append(f"  check-env in a fresh process: could not run: {i.check_env['error']}")
+            else:
+                bad = [f"{v['name']} {v['status']}" for v in i.check_env.get("vars", [])
+                       if v.get("expected") is not None and v.get("status") not in ("ok", "from-conf")]
+                lines.append("  check-env in a fresh process: " + ("OK" if i.check_env.get("ok") else "FAIL")
+                             + (": " + ", ".join(bad) if bad else ""))
+        for c in r.get("commands", []):
+            lines.append(f"  after changes: {c}")
+    return "\n".join(lines)

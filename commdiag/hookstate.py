@@ -1,0 +1,327 @@
+"""The file-system side of install-hook: staged roots, snapshots, the manifest, the lock, applying a plan.
+
+What it writes:
+
+* the files of a plan (hookplan.py), each atomically: a temporary file in the
+  same directory, fsync, ``os.replace``, fsync of the directory;
+* the manifest ``STATE/installs.json`` (format ``commdiag-hook-manifest``,
+  version 1): one record per install with every changed path's original state,
+  so ``--uninstall`` restores bytes, permission bits, owner, mtime and symlinks;
+* ``STATE/lock``: held (flock) while a plan is made and applied, so two installs
+  cannot interleave.
+
+STATE is ``ROOT/var/lib/commdiag`` with ``--root``, ``/var/lib/commdiag`` for
+root, else ``$XDG_STATE_HOME/commdiag`` (``~/.local/state/commdiag``).  When
+the last install is removed the manifest, the lock and the directories commdiag
+created for them are removed too, so an uninstall leaves the tree as it was.
+
+``--root DIR``: paths of the target system (``/etc/...``, ``/usr/...``) are
+written under DIR instead; a path already inside DIR (a venv created there) is
+used as it is.  Symlinks inside DIR are followed as a chroot would (an absolute
+link target is read relative to DIR).
+
+Format history of installs.json: 1  first version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import posixpath
+import stat
+import tempfile
+from dataclasses import dataclass
+
+from .errors import CommdiagError
+from .hookplan import ABSENT, DIR, DIR_MODE, FILE, OTHER, SYMLINK, FileState, Plan
+
+MANIFEST_FORMAT = "commdiag-hook-manifest"
+MANIFEST_VERSION = 1
+MANIFEST_NAME = "installs.json"
+
+
+@dataclass(frozen=True)
+class Roots:
+    """Maps paths of the target system to where they are written (``--root``)."""
+
+    root: str | None = None
+
+    def staged(self, path: str) -> str:
+        path = posixpath.normpath(path)
+        if self.root is None:
+            return path
+        root = posixpath.normpath(os.path.abspath(self.root))
+        if path == root or path.startswith(root + "/"):
+            return path
+        return posixpath.join(root, path.lstrip("/"))
+
+    def shown(self, staged: str) -> str:
+        """The target system's name for a staged path."""
+        if self.root is None:
+            return staged
+        root = posixpath.normpath(os.path.abspath(self.root))
+        if staged.startswith(root + "/"):
+            return "/" + staged[len(root) + 1:]
+        return staged
+
+    def is_rerooted(self, path: str) -> bool:
+        """True when ``path`` (a target-system path) is written somewhere else than itself."""
+        return self.staged(path) != posixpath.normpath(path)
+
+    def resolve(self, path: str) -> str:
+        """Follow symlinks of a staged path, reading absolute link targets inside the root."""
+        path = self.staged(path)
+        for _ in range(40):  # the kernel's own limit on nested links
+            if not os.path.islink(path):
+                return path
+            target = os.readlink(path)
+            if posixpath.isabs(target):
+                path = self.staged(target)
+            else:
+                path = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        raise CommdiagError(f"{path}: too many levels of symbolic links")
+
+
+def state_dir(roots: Roots) -> str:
+    if roots.root is not None:
+        return roots.staged("/var/lib/commdiag")
+    if os.geteuid() == 0:
+        return "/var/lib/commdiag"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "commdiag")
+
+
+def read_state(path: str) -> FileState:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return FileState(ABSENT)
+    except NotADirectoryError:
+        return FileState(ABSENT)
+    if stat.S_ISLNK(st.st_mode):
+        return FileState(SYMLINK, link=os.readlink(path), uid=st.st_uid, gid=st.st_gid)
+    if stat.S_ISDIR(st.st_mode):
+        return FileState(DIR, mode=stat.S_IMODE(st.st_mode))
+    if not stat.S_ISREG(st.st_mode):
+        return FileState(OTHER)
+    with open(path, "rb") as f:
+        data = f.read()
+    return FileState(FILE, data, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
+
+
+def snapshot(paths, bytecode_dirs=()) -> dict[str, FileState]:
+    """Current state of ``paths``, of all their ancestors, and of every .pyc in ``bytecode_dirs``."""
+    out: dict[str, FileState] = {}
+    for p in paths:
+        out[p] = read_state(p)
+        d = posixpath.dirname(p)
+        while d and d != "/" and d not in out:
+            out[d] = read_state(d)
+            d = posixpath.dirname(d)
+    for d in bytecode_dirs:
+        cache = posixpath.join(d, "__pycache__")
+        with contextlib.suppress(OSError):
+            for name in os.listdir(cache):
+                if name.endswith(".pyc"):
+                    out[posixpath.join(cache, name)] = read_state(posixpath.join(cache, name))
+    return out
+
+
+# --- the manifest ----------------------------------------------------------------------------
+
+def load_manifest(sdir: str) -> dict:
+    path = os.path.join(sdir, MANIFEST_NAME)
+    try:
+        with open(path) as f:
+            m = json.load(f)
+    except FileNotFoundError:
+        return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "installs": [], "state_dirs_created": []}
+    except (OSError, ValueError) as e:
+        raise CommdiagError(f"{path}: cannot read the install manifest: {e}") from None
+    if m.get("format") != MANIFEST_FORMAT:
+        raise CommdiagError(f"{path}: format: {m.get('format')!r} is not {MANIFEST_FORMAT!r}")
+    if not isinstance(m.get("version"), int) or m["version"] > MANIFEST_VERSION:
+        raise CommdiagError(f"{path}: version: {m.get('version')!r} is newer than this commdiag understands "
+                            f"(<= {MANIFEST_VERSION}); upgrade commdiag to change or remove these installs")
+    return m
+
+
+def _save_manifest(sdir: str, manifest: dict) -> None:
+    write_atomic(os.path.join(sdir, MANIFEST_NAME),
+                 FileState(FILE, (json.dumps(manifest, indent=1) + "\n").encode(), 0o644))
+
+
+@contextlib.contextmanager
+def locked(sdir: str):
+    """Exclusive lock on STATE/lock; yields the list of state directories this call created."""
+    created: list[str] = []
+    path = os.path.join(sdir, "lock")
+    while True:
+        created += _makedirs(sdir)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            continue  # the last uninstall removed the state directory in between
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the last uninstall removed the lock file while we waited: take the new one
+    try:
+        yield created
+    finally:
+        os.close(fd)
+
+
+# --- applying a plan ---------------------------------------------------------------------------
+
+def _fsync_dir(d: str) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, state: FileState) -> None:
+    """Put ``state`` (a file or a symlink) at ``path``: temp file in the same directory, fsync, replace."""
+    d, name = posixpath.split(path)
+    if state.kind == SYMLINK:
+        tmp = posixpath.join(d, f".{name}.commdiag-{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.symlink(state.link, tmp)
+        if os.geteuid() == 0 and state.uid is not None:
+            os.lchown(tmp, state.uid, state.gid)
+    else:
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.commdiag-", suffix=".tmp")
+        try:
+            view = memoryview(state.data or b"")
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, state.mode if state.mode is not None else 0o644)
+            if os.geteuid() == 0 and state.uid is not None:
+                os.fchown(fd, state.uid, state.gid)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        if state.mtime_ns is not None:
+            os.utime(tmp, ns=(state.mtime_ns, state.mtime_ns))
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(d)
+
+
+def put(path: str, state: FileState) -> None:
+    if state.kind == ABSENT:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            _fsync_dir(posixpath.dirname(path))
+    else:
+        write_atomic(path, state)
+
+
+def _makedirs(d: str) -> list[str]:
+    """Create ``d`` and missing parents with mode 0755; return the ones created, top-down."""
+    missing = []
+    while d and not os.path.isdir(d):
+        missing.append(d)
+        d = posixpath.dirname(d)
+    for m in reversed(missing):
+        os.mkdir(m, DIR_MODE)
+        os.chmod(m, DIR_MODE)  # not subject to the umask
+    return missing[::-1]
+
+
+def preflight(plan: Plan, roots: Roots) -> None:
+    """Refuse before anything is written: world-writable directories, missing write permission."""
+    for c in plan.changes:
+        d = posixpath.dirname(c.path)
+        while d and not os.path.isdir(d):
+            d = posixpath.dirname(d)
+        try:
+            st = os.stat(d)
+        except OSError:
+            continue
+        exists = d == posixpath.dirname(c.path)
+        if exists and st.st_mode & stat.S_IWOTH and c.after.kind != ABSENT:
+            raise CommdiagError(f"{roots.shown(d)}: directory is world-writable; commdiag will not put a file "
+                                "there that every Python start executes (fix its permissions first)")
+        if not os.access(d, os.W_OK):
+            raise permission_error(roots.shown(c.path), roots)
+
+
+def permission_error(shown: str, roots: Roots) -> CommdiagError:
+    return CommdiagError(f"{shown}: permission denied; writing there needs root (run with sudo), "
+                         "or stage the files with --root DIR")
+
+
+def apply(plan: Plan, roots: Roots) -> list[str]:
+    """Apply ``plan`` (idempotent: paths already in their final state are skipped).
+
+    On any error the paths changed so far are put back and the error is raised;
+    returns the directories created.
+    """
+    preflight(plan, roots)
+    done: list[tuple[str, FileState]] = []
+    created: list[str] = []
+    try:
+        for d in plan.mkdirs:
+            created += _makedirs(d)
+        for c in plan.changes:
+            now = read_state(c.path)
+            if now.same(c.after) and (c.after.kind != FILE or now.uid == c.after.uid or c.after.uid is None):
+                continue
+            done.append((c.path, now))
+            put(c.path, c.after)
+        for d in plan.rmdirs:
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    os.rmdir(d)
+                except OSError as e:
+                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+    except BaseException as e:
+        for path, state in reversed(done):
+            with contextlib.suppress(OSError):
+                put(path, state)
+        for d in reversed(created):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        if isinstance(e, PermissionError):
+            raise permission_error(roots.shown(e.filename or "?"), roots) from None
+        if isinstance(e, OSError):
+            raise CommdiagError(f"{roots.shown(e.filename or '?')}: {e.strerror}; nothing was changed") from None
+        raise
+    return created
+
+
+def commit_records(sdir: str, plan: Plan, state_created: list[str]) -> None:
+    """Store the plan's records in the manifest (under the lock); remove the state when empty."""
+    manifest = load_manifest(sdir)
+    keys = {r["key"] for r in plan.records} | set(plan.drop_keys)
+    manifest["installs"] = [r for r in manifest["installs"] if r["key"] not in keys] + list(plan.records)
+    manifest["state_dirs_created"] = manifest.get("state_dirs_created", []) + [
+        d for d in state_created if d not in manifest.get("state_dirs_created", [])]
+    if manifest["installs"]:
+        _save_manifest(sdir, manifest)
+        return
+    for name in (MANIFEST_NAME, "lock"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(sdir, name))
+    for d in sorted(manifest["state_dirs_created"], key=lambda p: -p.count("/")):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
