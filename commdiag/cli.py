@@ -61,7 +61,9 @@ def _progress_line(p) -> str:
 @click.option("--resume", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Continue an interrupted run folder; finished launches are not redone.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
-def sweep(spec_file, sets, out, resume, as_json):
+@click.option("--explain", is_flag=True,
+              help="After timing, one untimed launch per config with NCCL's TUNING log: what NCCL chose (GPU).")
+def sweep(spec_file, sets, out, resume, as_json, explain):
     """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial)."""
     from . import report, results, spec as spec_mod, sweep as sweep_mod
 
@@ -74,6 +76,10 @@ def sweep(spec_file, sets, out, resume, as_json):
             click.echo(f"commdiag: warning: {w}", err=True)
     progress = None if as_json else (lambda p: click.echo(_progress_line(p), err=True))
     res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress)
+    if explain and res.state == "complete":
+        from . import explain as explain_mod
+
+        explain_mod.run_explain(res.run_dir)
     data = results.load_run(res.run_dir)
     pub = report.publish(res.run_dir)  # verdicts, report.html, winner profiles
     if as_json:
@@ -95,6 +101,27 @@ def sweep(spec_file, sets, out, resume, as_json):
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
+
+
+@main.command("explain")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--no-run", is_flag=True, help="Only show what an earlier explain stored; launch nothing.")
+def explain_cmd(run_dir, as_json, no_run):
+    """What NCCL chose (algorithm, protocol, channels) per config and size of a run (GPU, NCCL >= 2.24)."""
+    from . import explain as explain_mod, results
+
+    run = results.load_run_json(run_dir)
+    if no_run:
+        data = run.get("explain")
+        if not data:
+            raise errors.CommdiagError(f"{run_dir}: run.json has no explain section; run  commdiag explain {run_dir}")
+    else:
+        data = explain_mod.run_explain(run_dir)
+    if as_json:
+        click.echo(json.dumps({"format": "commdiag-explain", "version": 1, **data}, indent=1))
+    else:
+        click.echo(explain_mod.render(data, run["spec"]["sizes"]))
 
 
 @main.command("report")

@@ -54,3 +54,50 @@ def parse(text: str) -> dict[int, ProcessLog]:
         elif m["level"] == "WARN":
             proc.warnings.append(msg)
     return procs
+
+
+# TUNING lines (NCCL_DEBUG_SUBSYS=TUNING), one per collective call:
+#   NCCL >= 2.24:  "AllReduce: 917504 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..23}"
+#   older:         "AllReduce: 917504 Bytes -> Algo 1 proto 0 time 12.345000" (numeric ids)
+_TUNING = re.compile(r"^(?P<coll>\w+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+)"
+                     r"(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?")
+# nccl.h / src/include/device.h order of NCCL_ALGO_* and NCCL_PROTO_* ids
+ALGO_IDS = ["Tree", "Ring", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT"]
+PROTO_IDS = ["LL", "LL128", "Simple"]
+_ALGO_NAMES = {a.upper(): a for a in ALGO_IDS}
+_PROTO_NAMES = {p.upper(): p for p in PROTO_IDS}
+
+
+@dataclass(frozen=True)
+class TuningChoice:
+    """What NCCL chose for one collective call."""
+
+    collective: str
+    bytes: int
+    algo: str
+    proto: str
+    channels: int | None  # None when the log format does not say
+
+
+def _name(token: str, ids: list[str], names: dict[str, str]) -> str:
+    if token.isdigit():
+        i = int(token)
+        return ids[i] if i < len(ids) else f"id{i}"
+    return names.get(token.upper(), token)
+
+
+def parse_tuning(text: str) -> dict[int, list[TuningChoice]]:
+    """pid -> every TUNING choice that process logged, in order."""
+    out: dict[int, list[TuningChoice]] = {}
+    for line in text.splitlines():
+        m = _PREFIX.match(line.strip())
+        if not m:
+            continue
+        t = _TUNING.match(m["msg"])
+        if not t:
+            continue
+        channels = int(t["hi"]) - int(t["lo"]) + 1 if t["lo"] is not None else None
+        out.setdefault(int(m["pid"]), []).append(TuningChoice(
+            t["coll"], int(t["bytes"]), _name(t["algo"], ALGO_IDS, _ALGO_NAMES),
+            _name(t["proto"], PROTO_IDS, _PROTO_NAMES), channels))
+    return out

@@ -16,6 +16,11 @@ an interrupted sweep loses nothing already measured.
 
 Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
     1  first version (launch statuses: pending, ok, failed, timeout, incorrect).
+    2  call paths: spec.vias (torch, nccl-direct) and spec.replay_stream; samples.csv and
+       summary.csv gain a ``via`` column, and nccl-direct rows carry the mode labels
+       ``graph-direct`` / ``eager-direct`` so every analysis keyed by mode sees four
+       series; run.json gains ``explain`` (what NCCL chose) and launch ``measure_s``.
+       Version 1 folders are still read (their rows are via torch).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from .atomic import write_json, write_text
 from .errors import CommdiagError
 
 RUN_FORMAT = "commdiag-run"
-RUN_FORMAT_VERSION = 1
+RUN_FORMAT_VERSION = 2
 
-SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "iteration", "time_us", "enqueue_us"]
-SUMMARY_COLUMNS = ["config", "size_bytes", "tokens", "mode", "median_us", "p10_us", "p90_us",
+SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
+                   "enqueue_us"]
+SUMMARY_COLUMNS = ["config", "size_bytes", "tokens", "mode", "via", "median_us", "p10_us", "p90_us",
                    "launch_median_min_us", "launch_median_max_us", "launches", "samples",
                    "algbw_gbps", "busbw_gbps", "wrong"]
 
@@ -60,7 +66,7 @@ def load_run_json(run_dir: str | Path) -> dict:
     if run.get("format") != RUN_FORMAT:
         raise CommdiagError(f"{path}: format: {run.get('format')!r} is not a commdiag run ({RUN_FORMAT!r})")
     version = run.get("version")
-    if not isinstance(version, int) or version > RUN_FORMAT_VERSION:
+    if not isinstance(version, int) or version < 1 or version > RUN_FORMAT_VERSION:
         raise CommdiagError(
             f"{path}: version: {version!r} is newer than this commdiag understands "
             f"(<= {RUN_FORMAT_VERSION}); upgrade commdiag to read it")
@@ -74,22 +80,51 @@ def read_launch_result(run_dir: Path, index: int) -> dict | None:
         return None
 
 
+def mode_label(mode: str, via: str) -> str:
+    """The series name analyses key on: ``graph``/``eager`` via torch, ``graph-direct``/``eager-direct`` via libnccl."""
+    return mode if via == "torch" else f"{mode}-direct"
+
+
+def _by_via(rank: dict, key: str) -> dict:
+    """A rank's ``samples``/``enqueue_us``/``wrong`` keyed by via (launch format 1 had no via level)."""
+    return rank[key] if rank.get("_v2") else {"torch": rank[key]}
+
+
+def _normalize(result: dict) -> dict:
+    v2 = result.get("version", 1) >= 2
+    for r in result["ranks"]:
+        r["_v2"] = v2
+    return result
+
+
 def launch_samples(result: dict, launch: dict, tokens_by_size: dict[int, int | None]) -> list[tuple]:
     """Rows of samples.csv for one launch: per iteration, the max over ranks."""
-    ranks = result["ranks"]
+    ranks = _normalize(result)["ranks"]
     rows = []
-    for mode, by_size in ranks[0]["samples"].items():
-        for size_key in by_size:
-            per_rank = [r["samples"][mode][size_key] for r in ranks]
-            times = [max(vals) for vals in zip(*per_rank)]
-            enq = None
-            if mode == "eager" and all(size_key in r.get("enqueue_us", {}) for r in ranks):
-                enq = [max(vals) for vals in zip(*(r["enqueue_us"][size_key] for r in ranks))]
-            size = int(size_key)
-            for i, t in enumerate(times):
-                rows.append((launch["config"], launch["trial"], launch["index"], size, tokens_by_size.get(size),
-                             mode, i, round(t, 4), None if enq is None else round(enq[i], 4)))
+    for via, by_mode in _by_via(ranks[0], "samples").items():
+        for mode, by_size in by_mode.items():
+            for size_key in by_size:
+                per_rank = [_by_via(r, "samples")[via][mode][size_key] for r in ranks]
+                times = [max(vals) for vals in zip(*per_rank)]
+                enq = None
+                if mode == "eager" and all(size_key in _by_via(r, "enqueue_us").get(via, {}) for r in ranks):
+                    enq = [max(vals) for vals in zip(*(_by_via(r, "enqueue_us")[via][size_key] for r in ranks))]
+                size = int(size_key)
+                label = mode_label(mode, via)
+                for i, t in enumerate(times):
+                    rows.append((launch["config"], launch["trial"], launch["index"], size, tokens_by_size.get(size),
+                                 label, via, i, round(t, 4), None if enq is None else round(enq[i], 4)))
     return rows
+
+
+def launch_wrong(result: dict) -> dict[int, int]:
+    """Wrong elements per size, summed over ranks and call paths."""
+    out: dict[int, int] = {}
+    for r in _normalize(result)["ranks"]:
+        for by_size in _by_via(r, "wrong").values():
+            for size_key, n in by_size.items():
+                out[int(size_key)] = out.get(int(size_key), 0) + n
+    return out
 
 
 def assemble(run_dir: str | Path, run: dict | None = None):
@@ -107,10 +142,8 @@ def assemble(run_dir: str | Path, run: dict | None = None):
         if result is None:
             continue
         rows.extend(launch_samples(result, launch, tokens_by_size))
-        for r in result["ranks"]:
-            for size_key, n in r["wrong"].items():
-                key = (launch["config"], int(size_key))
-                wrong[key] = wrong.get(key, 0) + n
+        for size, n in launch_wrong(result).items():
+            wrong[(launch["config"], size)] = wrong.get((launch["config"], size), 0) + n
     samples = pd.DataFrame(rows, columns=SAMPLES_COLUMNS)
     samples["tokens"] = samples["tokens"].astype("Int64")
     write_text(run_dir / "samples.csv", samples.to_csv(index=False))
@@ -126,7 +159,7 @@ def summarize(samples, wrong: dict, nranks: int):
 
     if samples.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    keys = ["config", "size_bytes", "tokens", "mode"]
+    keys = ["config", "size_bytes", "tokens", "mode", "via"]
     per_launch = samples.groupby(keys + ["launch"], dropna=False)["time_us"].median().reset_index()
     by_launch = per_launch.groupby(keys, dropna=False)["time_us"]
     pooled = samples.groupby(keys, dropna=False)["time_us"]
@@ -169,4 +202,7 @@ def load_run(run_dir: str | Path) -> RunData:
     else:
         samples = pd.read_csv(run_dir / "samples.csv", dtype={"tokens": "Int64"})
         summary = pd.read_csv(run_dir / "summary.csv", dtype={"tokens": "Int64"})
+        for df in (samples, summary):  # version 1 folders: everything went through torch
+            if "via" not in df.columns:
+                df.insert(df.columns.get_loc("mode") + 1, "via", "torch")
     return RunData(run_dir, run, samples, summary)

@@ -23,6 +23,11 @@ from .errors import SpecError
 
 BACKENDS = ("nccl", "gloo")
 MODES = ("graph", "eager")
+# How the all-reduce is called: torch.distributed, or libnccl directly through ctypes
+# (what inference servers' own "pynccl" wrappers do).  Not named "backend": that key is
+# the process group's backend (nccl or gloo).
+VIAS = ("torch", "nccl-direct")
+REPLAY_STREAMS = ("side", "default")
 DEFAULT_CONFIG = "default"
 # Size bands for verdicts (tokens, inclusive); null = unbounded.  Decode steps and
 # speculative verify steps send 1..64 tokens, prefill chunks 256 and more.
@@ -43,6 +48,8 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "iters": ((int,), 200),
     "graph_batch": ((int,), 10),
     "modes": ((list, type(None)), None),
+    "vias": ((list, type(None)), None),
+    "replay_stream": ((str,), "side"),
     "timeout_s": ((int, float), 180),
     "base_env": ((dict, type(None)), None),
     "configs": ((dict, type(None)), None),
@@ -94,6 +101,8 @@ class Spec:
     bands: dict[str, list]
     raw: dict = field(repr=False, default_factory=dict)
     warnings: tuple[str, ...] = ()
+    vias: tuple[str, ...] = ("torch",)
+    replay_stream: str = "side"
 
     def config(self, name: str) -> Config:
         return next(c for c in self.configs if c.name == name)
@@ -109,6 +118,7 @@ class Spec:
         d["sizes"] = tuple(Size(**s) for s in d["sizes"])
         d["configs"] = tuple(Config(**c) for c in d["configs"])
         d["modes"] = tuple(d["modes"])
+        d["vias"] = tuple(d.get("vias", ("torch",)))
         d["warnings"] = tuple(d.get("warnings", ()))
         return cls(**d)
 
@@ -238,6 +248,21 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
             raise SpecError(path, f"modes[{i}]", "graph mode needs CUDA (backend: nccl); gloo allows: eager")
     modes = tuple(dict.fromkeys(modes))
 
+    vias = get("vias")
+    if vias is None:
+        vias = list(VIAS) if backend == "nccl" else ["torch"]
+    if not vias:
+        raise SpecError(path, "vias", f"must list at least one of {', '.join(VIAS)}")
+    for i, v in enumerate(vias):
+        if v not in VIAS:
+            raise SpecError(path, f"vias[{i}]", f"{v!r} is not one of {', '.join(VIAS)}")
+        if v == "nccl-direct" and backend != "nccl":
+            raise SpecError(path, f"vias[{i}]", "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch")
+    vias = tuple(dict.fromkeys(vias))
+    replay_stream = get("replay_stream")
+    if replay_stream not in REPLAY_STREAMS:
+        raise SpecError(path, "replay_stream", f"{replay_stream!r} is not one of {', '.join(REPLAY_STREAMS)}")
+
     sizes = _resolve_sizes(path, get("sizes"), dtype)
     base_env = _env_map(path, "base_env", get("base_env"), warnings)
     configs = _resolve_configs(path, raw, base_env, warnings)
@@ -249,7 +274,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         nproc_per_node=nproc, nnodes=nnodes, rdzv_endpoint=rdzv, dtype=dtype, sizes=sizes,
         trials=trials, warmup=warmup, iters=iters, graph_batch=graph_batch, modes=modes,
         timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,
-        raw=raw, warnings=tuple(warnings),
+        raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
     )
 
 

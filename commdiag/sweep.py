@@ -110,8 +110,11 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
         "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
         "method": {
-            "graph": f"{spec.graph_batch} all-reduces captured in one CUDA graph on a side stream; "
-                     f"{spec.iters} replays back to back, a CUDA event between replays; sample = replay time / {spec.graph_batch}",
+            "graph": f"{spec.graph_batch} all-reduces captured in one CUDA graph; {spec.iters} replays back to "
+                     f"back on the {spec.replay_stream} stream, a CUDA event between replays; "
+                     f"sample = replay time / {spec.graph_batch}",
+            "vias": "torch = torch.distributed.all_reduce; nccl-direct = libnccl's ncclAllReduce through ctypes "
+                    "(the library torch loaded), arguments converted once; modes graph-direct/eager-direct",
             "eager": "back-to-back all_reduce calls; CUDA events between calls (NCCL) or the blocking call's "
                      "monotonic wall time (gloo); enqueue_us = host time to issue the call",
             "combine_ranks": "per iteration, the max over ranks",
@@ -185,6 +188,7 @@ def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict
     plan = {
         "backend": spec.backend, "dtype": spec.dtype, "sizes": [s.bytes for s in spec.sizes],
         "modes": list(spec.modes), "warmup": spec.warmup, "iters": spec.iters, "graph_batch": spec.graph_batch,
+        "vias": list(spec.vias), "replay_stream": spec.replay_stream,
         "watch_env": sorted(set(config["env"]) | set(spec.base_env)),
         "out_dir": str(folder.resolve()), "config": config["name"], "launch": launch["index"],
         "nccl_debug_file": debug_env.get("NCCL_DEBUG_FILE"),
@@ -203,8 +207,11 @@ def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict
     result = results.read_launch_result(run_dir, launch["index"])
     launch.update(exit_code=outcome.exit_code, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
                   killed_survivors=outcome.killed_survivors, results_complete=result is not None)
-    wrong = sum(sum(r["wrong"].values()) for r in result["ranks"]) if result else None
+    wrong = sum(results.launch_wrong(result).values()) if result else None
     launch["wrong"] = wrong
+    if result:  # what a launch costs besides measuring: torchrun start, init, teardown
+        launch["measure_s"] = max(r.get("measure_s", 0.0) for r in result["ranks"])
+        launch["overhead_s"] = round(outcome.wall_s - launch["measure_s"], 3)
     if outcome.timed_out:
         launch["status"] = results.TIMEOUT
         launch["error"] = (f"killed after the {spec.timeout_s:g}s deadline"

@@ -1,22 +1,32 @@
 """What runs under torchrun: one rank of one launch.
 
-Per size: a correctness check with an exactly representable expected sum
-(nccl-tests' #wrong), warmup, then timing.
+For each call path (``via``: ``torch`` = torch.distributed, ``nccl-direct`` =
+libnccl through ctypes, see nccldirect.py) and each size: a correctness check
+with an exactly representable expected sum (nccl-tests' #wrong), warmup, then
+timing in each mode:
 
-* graph mode (NCCL): ``graph_batch`` all-reduces are captured in one CUDA graph on
-  a side stream; ``iters`` replays are enqueued back to back on that side stream
-  with a CUDA event between replays, and only then synchronised.  A sample is
-  one replay's event time / graph_batch: per-all-reduce device time, free of
-  launch overhead.  (Replaying on torch's default stream was measured 3x slower
-  on H200s, and timing single replays adds launch noise, hence both choices.)
-* eager mode (NCCL): ``iters`` back-to-back ``dist.all_reduce`` calls on the
-  current stream with an event between calls (device time, including any gap the
-  host's dispatch leaves) and the host time each call took to enqueue.
-* eager mode (gloo): the wall time of each blocking call (monotonic clock).
+* graph (NCCL): ``graph_batch`` all-reduces captured in one CUDA graph; ``iters``
+  replays enqueued back to back on the replay stream with a CUDA event between
+  replays, synchronised only at the end.  A sample is one replay's event time /
+  graph_batch: per-all-reduce device time, free of launch overhead.  The replay
+  stream is ``replay_stream``: ``side`` (a dedicated stream; the default) or
+  ``default`` (torch's default stream, which was measured 3x slower on H200s —
+  frameworks that replay there pay it, so it is a measurable variable).
+* eager (NCCL): ``iters`` back-to-back calls on the current stream with an event
+  between calls (device time, including any gap the host's dispatch leaves) and
+  the host time each call took to enqueue.
+* eager (gloo): the wall time of each blocking call (monotonic clock).
+
+``explain`` launches time nothing: they run a few all-reduces per size with
+NCCL's TUNING log on, for ``commdiag explain`` to read what NCCL chose.
 
 Every rank's result is gathered to all ranks and LOCAL_RANK 0 of each node writes
-``result.json`` into the launch folder, so a multi-node run is complete on every node.
-A failing rank writes ``rank<N>.error.txt`` with its traceback.
+``result.json`` (format below) into the launch folder, so a multi-node run is
+complete on every node.  A failing rank writes ``rank<N>.error.txt``.
+
+result.json: {"format": "commdiag-launch", "version": 2, "ranks": [per rank: info,
+"wrong": {via: {size: n}}, "samples": {via: {mode: {size: [us...]}}},
+"enqueue_us": {via: {size: [us...]}}]}.  Version 1 (no via level) is still read.
 
 Test-only switch, honoured only when set: ``COMMDIAG_TEST_FAULT`` = ``hang``
 (rank 0 sleeps before timing), ``crash`` (rank 0 exits 3 mid-launch),
@@ -27,6 +37,7 @@ set it as an ordinary config variable.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -38,6 +49,8 @@ from . import collectives, metadata, ncclog
 from .atomic import write_json
 
 FAULT = os.environ.get("COMMDIAG_TEST_FAULT", "")
+LAUNCH_FORMAT_VERSION = 2
+EXPLAIN_CALLS = 3  # all-reduces per size in an explain launch: NCCL logs its choice for each call
 
 
 def _fault(point: str, rank: int) -> None:
@@ -64,6 +77,40 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+class TorchPath:
+    """torch.distributed.all_reduce, as frameworks call it."""
+
+    name = "torch"
+
+    def __init__(self, dist):
+        self.dist = dist
+
+    def op(self, buf, stream=None):
+        return functools.partial(self.dist.all_reduce, buf)
+
+    def close(self):
+        pass
+
+
+class DirectPath:
+    """libnccl's ncclAllReduce through ctypes, on the stream given (or torch's current one)."""
+
+    name = "nccl-direct"
+
+    def __init__(self, torch, rank, world, dtype_name):
+        from . import nccldirect
+
+        self.torch, self.dtype_name = torch, dtype_name
+        self.nccl = nccldirect.Nccl(rank, world)
+
+    def op(self, buf, stream=None):
+        stream = stream if stream is not None else self.torch.cuda.current_stream()
+        return self.nccl.allreduce_call(buf, self.dtype_name, stream.cuda_stream)
+
+    def close(self):
+        self.nccl.close()
+
+
 def _run(plan: dict, out_dir: Path, rank: int) -> int:
     import torch
     import torch.distributed as dist
@@ -79,6 +126,9 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
+    paths = []
+    for via in plan.get("vias", ["torch"]):
+        paths.append(TorchPath(dist) if via == "torch" else DirectPath(torch, rank, world, plan["dtype"]))
     init_s = time.monotonic() - t_init
     dtype = getattr(torch, plan["dtype"])
 
@@ -90,24 +140,34 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
     }
     if backend == "nccl":
         info.update(metadata.collect_gpu(local_rank))
+    for p in paths:
+        if p.name == "nccl-direct":
+            info["nccl_direct"] = {"library": p.nccl.path, "version": p.nccl.version()}
 
-    wrong: dict[str, int] = {}
-    samples: dict[str, dict[str, list[float]]] = {m: {} for m in plan["modes"]}
-    enqueue: dict[str, list[float]] = {}
+    wrong: dict = {p.name: {} for p in paths}
+    samples: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}
+    enqueue: dict = {p.name: {} for p in paths}
     _fault("before-timing", rank)
+    t_measure = time.monotonic()
     for size_bytes in plan["sizes"]:
         numel = size_bytes // collectives.DTYPE_BYTES[plan["dtype"]]
-        wrong[str(size_bytes)] = _check(dist, torch, numel, dtype, device, rank, world, plan)
-        buf = torch.zeros(numel, dtype=dtype, device=device)  # zeros stay zeros: no overflow while timing
-        for mode in plan["modes"]:
-            dist.barrier()
-            if mode == "graph":
-                samples[mode][str(size_bytes)] = _time_graph(dist, torch, buf, plan)
-            elif backend == "nccl":
-                samples[mode][str(size_bytes)], enqueue[str(size_bytes)] = _time_eager_cuda(dist, torch, buf, plan)
-            else:
-                samples[mode][str(size_bytes)] = _time_eager_host(dist, buf, plan)
-        del buf
+        key = str(size_bytes)
+        for p in paths:
+            wrong[p.name][key] = _check(torch, p, numel, dtype, device, rank, world, plan)
+            if plan.get("explain"):
+                _explain(torch, dist, p, numel, dtype, device, backend)
+                continue
+            buf = torch.zeros(numel, dtype=dtype, device=device)  # zeros stay zeros: no overflow while timing
+            for mode in plan["modes"]:
+                dist.barrier()
+                if mode == "graph":
+                    samples[p.name][mode][key] = _time_graph(torch, p, buf, plan)
+                elif backend == "nccl":
+                    samples[p.name][mode][key], enqueue[p.name][key] = _time_eager_cuda(torch, p.op(buf), plan)
+                else:
+                    samples[p.name][mode][key] = _time_eager_host(p.op(buf), plan)
+            del buf
+    info["measure_s"] = round(time.monotonic() - t_measure, 3)
 
     if plan.get("nccl_debug_file"):
         info["nccl_applied"], info["nccl_log_version"] = _nccl_applied(plan["nccl_debug_file"])
@@ -115,8 +175,11 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
     everyone: list = [None] * world
     dist.all_gather_object(everyone, result)
     if local_rank == 0:
-        write_json(out_dir / "result.json", {"ranks": sorted(everyone, key=lambda r: r["rank"])})
+        write_json(out_dir / "result.json", {"format": "commdiag-launch", "version": LAUNCH_FORMAT_VERSION,
+                                             "ranks": sorted(everyone, key=lambda r: r["rank"])})
     _fault("teardown", rank)
+    for p in paths:
+        p.close()
     dist.destroy_process_group()
     return 0
 
@@ -126,7 +189,7 @@ def _pattern(torch, numel, dtype, device, rank):
     return (idx + (rank % 3) + 1).to(dtype), idx
 
 
-def _check(dist, torch, numel, dtype, device, rank, world, plan) -> int:
+def _check(torch, path, numel, dtype, device, rank, world, plan) -> int:
     """All-reduce a known pattern (eager, and once inside a CUDA graph) and count wrong elements."""
     expected = torch.tensor([collectives.expected_sum(world, k) for k in range(4)], dtype=dtype, device=device)
     wrong = 0
@@ -134,12 +197,12 @@ def _check(dist, torch, numel, dtype, device, rank, world, plan) -> int:
     for how in runs:
         buf, idx = _pattern(torch, numel, dtype, device, rank)
         if how == "graph":
-            g, stream = _capture(torch, dist, buf, 1, warm=False)  # capture does not run the op
+            g, stream = _capture(torch, path, buf, 1, plan.get("replay_stream", "side"), warm=False)
             with torch.cuda.stream(stream):
                 g.replay()
             torch.cuda.synchronize()
         else:
-            dist.all_reduce(buf)
+            path.op(buf)()
             if plan["backend"] == "nccl":
                 torch.cuda.synchronize()
         if FAULT == "wrong" and rank == 0:
@@ -148,25 +211,31 @@ def _check(dist, torch, numel, dtype, device, rank, world, plan) -> int:
     return wrong
 
 
-def _capture(torch, dist, buf, count: int, warm: bool = True):
+def _capture(torch, path, buf, count: int, replay_stream: str, warm: bool = True):
+    """Capture ``count`` all-reduces; returns the graph and the stream to replay it on.
+
+    Capture always happens on a side stream (CUDA cannot capture the legacy default
+    stream); ``replay_stream`` only chooses where the graph is replayed.
+    """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     if warm:  # NCCL and the allocator must see the op once outside capture
         with torch.cuda.stream(stream):
-            dist.all_reduce(buf)
+            path.op(buf, stream)()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=stream):
+        op = path.op(buf, stream)
         for _ in range(count):
-            dist.all_reduce(buf)
+            op()
     torch.cuda.synchronize()
-    return g, stream
+    return g, (stream if replay_stream == "side" else torch.cuda.default_stream())
 
 
-def _time_graph(dist, torch, buf, plan) -> list[float]:
+def _time_graph(torch, path, buf, plan) -> list[float]:
     batch, iters = plan["graph_batch"], plan["iters"]
-    g, stream = _capture(torch, dist, buf, batch)
+    g, stream = _capture(torch, path, buf, batch, plan.get("replay_stream", "side"))
     with torch.cuda.stream(stream):
         for _ in range(max(1, -(-plan["warmup"] // batch))):
             g.replay()
@@ -182,34 +251,45 @@ def _time_graph(dist, torch, buf, plan) -> list[float]:
     return out
 
 
-def _time_eager_cuda(dist, torch, buf, plan) -> tuple[list[float], list[float]]:
+def _time_eager_cuda(torch, op, plan) -> tuple[list[float], list[float]]:
     for _ in range(plan["warmup"]):
-        dist.all_reduce(buf)
+        op()
     torch.cuda.synchronize()
     iters = plan["iters"]
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     host = [0.0] * iters
     clock = time.perf_counter_ns
-    events[0].record()
+    record = [e.record for e in events]
+    record[0]()
     for i in range(iters):
         t0 = clock()
-        dist.all_reduce(buf)
+        op()
         host[i] = (clock() - t0) / 1000.0
-        events[i + 1].record()
+        record[i + 1]()
     torch.cuda.synchronize()
     return [events[i].elapsed_time(events[i + 1]) * 1000.0 for i in range(iters)], host
 
 
-def _time_eager_host(dist, buf, plan) -> list[float]:
+def _time_eager_host(op, plan) -> list[float]:
     for _ in range(plan["warmup"]):
-        dist.all_reduce(buf)
+        op()
     clock = time.perf_counter_ns
     out = []
     for _ in range(plan["iters"]):
         t0 = clock()
-        dist.all_reduce(buf)
+        op()
         out.append((clock() - t0) / 1000.0)
     return out
+
+
+def _explain(torch, dist, path, numel, dtype, device, backend) -> None:
+    buf = torch.zeros(numel, dtype=dtype, device=device)
+    op = path.op(buf)
+    for _ in range(EXPLAIN_CALLS):
+        op()
+    if backend == "nccl":
+        torch.cuda.synchronize()
+    dist.barrier()
 
 
 def _nccl_applied(pattern: str) -> tuple[dict, str | None]:

@@ -1,0 +1,147 @@
+"""``explain``: what NCCL actually chose, per config and size, and which settings changed nothing.
+
+One untimed launch per config with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING``:
+the worker runs a few all-reduces per size and NCCL logs, per call, the
+algorithm, protocol and channel range it picked.  Per-call logging distorts
+timings, which is why it never runs inside a timed launch.  The result is stored
+in run.json under ``explain`` and joined with the timings by the report.
+
+run.json ``explain`` (inside run format 2)::
+
+    {"nccl_version": "2.28.9", "configs": {NAME: {"status": "ok"|..., "error": str|None,
+      "sizes": {"14336": {"algo": "Ring", "proto": "LL", "channels": 1, "calls": 3}}}},
+     "notes": [{"config": NAME, "variable": "NCCL_PROTO", "text": "..."}]}
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from collections import Counter
+from pathlib import Path
+
+from . import launcher, ncclog, results
+from .errors import CommdiagError
+from .spec import Spec
+
+_CHOICE_VARS = {"NCCL_PROTO": "proto", "NCCL_ALGO": "algo"}
+
+
+def choices_by_size(log_text: str, sizes: list[int]) -> dict[str, dict]:
+    """The most common AllReduce choice per size over one rank's log (all calls agree in practice)."""
+    per_pid = ncclog.parse_tuning(log_text)
+    out: dict[str, dict] = {}
+    if not per_pid:
+        return out
+    calls = min(per_pid.items())[1]  # one rank is enough: every rank makes the same choice
+    for size in sizes:
+        mine = [c for c in calls if c.collective.lower() == "allreduce" and c.bytes == size]
+        if not mine:
+            continue
+        (algo, proto, channels), n = Counter((c.algo, c.proto, c.channels) for c in mine).most_common(1)[0]
+        out[str(size)] = {"algo": algo, "proto": proto, "channels": channels, "calls": len(mine)}
+    return out
+
+
+def _human(size: int) -> str:
+    for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if size >= div:
+            return f"{size / div:.3g} {unit}"
+    return f"{size} B"
+
+
+def notes(configs: list[dict], explained: dict[str, dict]) -> list[dict]:
+    """Flag NCCL_PROTO/NCCL_ALGO settings that only restate what NCCL chose by default.
+
+    E.g. "NCCL_PROTO=LL: NCCL already chose LL at every size up to 0.917 MB here,
+    so it can only matter above that".
+    """
+    default = explained.get("default", {}).get("sizes", {})
+    out = []
+    for c in configs:
+        mine = explained.get(c["name"], {}).get("sizes", {})
+        for var, field in _CHOICE_VARS.items():
+            value = c["overrides"].get(var)
+            if value is None or not default:
+                continue
+            same = sorted(int(s) for s, ch in default.items() if ch[field].lower() == value.lower())
+            changed = sorted(int(s) for s in mine if s in default and mine[s][field] != default[s][field])
+            if not same:
+                text = f"{var}={value}: NCCL chose otherwise at every size by default, so it changes every size"
+            elif len(same) == len(default):
+                text = f"{var}={value}: NCCL already chose {value} at every size here, so it changes nothing"
+            else:
+                text = (f"{var}={value}: NCCL already chose {value} at {len(same)} of {len(default)} sizes "
+                        f"({_human(same[0])} to {_human(same[-1])}) here, so it can only matter at the others")
+            if mine:
+                text += f"; with it, NCCL's {field} differed from default at {len(changed)} size(s)"
+            out.append({"config": c["name"], "variable": var, "text": text})
+    return out
+
+
+def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
+    """Run one untimed TUNING launch per config of ``run_dir`` and store the result in run.json."""
+    import os
+
+    run_dir = Path(run_dir)
+    run = results.load_run_json(run_dir)
+    spec = Spec.from_json(run["spec"])
+    if spec.backend != "nccl":
+        raise CommdiagError(f"{run_dir}: explain reads NCCL's own log; this run used backend {spec.backend!r}")
+    base_env = dict(os.environ if env is None else env)
+    sizes = [s.bytes for s in spec.sizes]
+    explained: dict[str, dict] = {}
+    version = None
+    root = run_dir / "explain"
+    for n, config in enumerate(run["configs"]):
+        folder = root / f"{n:04d}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
+                 "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")}
+        plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0, "iters": 0,
+                "graph_batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
+                "out_dir": str(folder.resolve()), "config": config["name"], "nccl_debug_file": None}
+        results.write_json(folder / "plan.json", plan)
+        marker = launcher.new_marker()
+        envs = launcher.launch_env(base_env, config["env"], {**debug, launcher.MARKER: marker})
+        argv = launcher.torchrun_argv(run["nproc_per_node"], spec.nnodes, spec.rdzv_endpoint,
+                                      f"commdiag-explain-{spec.name}-{run['seed']}-{n}", spec.timeout_s,
+                                      folder / "plan.json")
+        outcome = launcher.run(argv, envs, folder / "torchrun.log", spec.timeout_s)
+        text = "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("nccl.*.log")))
+        entry = {"status": "ok", "error": None, "sizes": choices_by_size(text, sizes)}
+        procs = ncclog.parse(text)
+        version = version or next((p.version for p in procs.values() if p.version), None)
+        if outcome.timed_out or outcome.exit_code != 0:
+            entry["status"] = "timeout" if outcome.timed_out else "failed"
+            entry["error"] = (folder / "torchrun.log").read_text(errors="replace")[-2000:]
+        elif not entry["sizes"]:
+            entry["status"] = "no-tuning-lines"
+            entry["error"] = "NCCL printed no TUNING lines (NCCL older than 2.24 may print none): choices unknown"
+        explained[config["name"]] = entry
+    run = results.load_run_json(run_dir)  # re-read: keep anything written meanwhile
+    run["explain"] = {"nccl_version": version, "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(),
+                      "configs": explained, "notes": notes(run["configs"], explained)}
+    results.save_run(run_dir, run)
+    return run["explain"]
+
+
+def render(explain: dict, sizes: list[dict]) -> str:
+    """Text table: per size, each config's algo/proto/channels."""
+    configs = explain["configs"]
+    lines = [f"NCCL {explain.get('nccl_version') or '?'}: what NCCL chose per all-reduce (algo/proto/channels)"]
+    names = list(configs)
+    lines.append(f"{'size(B)':>12} {'tokens':>6}  " + "  ".join(f"{n[:24]:<24}" for n in names))
+    for s in sizes:
+        cells = []
+        for n in names:
+            ch = configs[n]["sizes"].get(str(s["bytes"]))
+            cells.append(f"{ch['algo']}/{ch['proto']}/{ch['channels'] if ch['channels'] is not None else '?'}"
+                         if ch else configs[n]["status"])
+        tok = "" if s.get("tokens") is None else str(s["tokens"])
+        lines.append(f"{s['bytes']:>12} {tok:>6}  " + "  ".join(f"{c[:24]:<24}" for c in cells))
+    for note in explain.get("notes", []):
+        lines.append(f"note [{note['config']}]: {note['text']}")
+    return "\n".join(lines)
