@@ -39,6 +39,7 @@ from .errors import CommdiagError
 from .hookplan import BLOCK, OWNED, Desired, Plan, Target
 from .hookstate import Roots
 
+installed_settings = hooktext.installed_settings  # what check-env expects; lives in the light module
 METHODS = ("auto", "pth", "sitecustomize", "none")
 VERIFY_TIMEOUT_S = 60.0  # a cold interpreter plus one spawn child: ~1 s; generous for a loaded machine
 _PKG_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -708,27 +709,6 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
             why = [f"for {r.get('target')}, not {hooks.executable} (use --python {r.get('target')})"]
         out.append(InstallStatus(r, files, match, detail, loads, tuple(why), check))
     return StatusResult(tuple(dirs), tuple(out))
-
-
-# --------------------------------------------------------------------------- what check-env expects
-
-def installed_settings(sys_path=None) -> dict[str, str]:
-    """Settings of the commdiag hook this interpreter has, read from the hook file itself.
-
-    Looks for ``commdiag_nccl_hook.py`` and for a commdiag block in ``sitecustomize.py``
-    on ``sys_path`` (default: this interpreter's), in import order: the first found is
-    what a start of this interpreter runs.  {} when there is none.
-    """
-    for entry in (sys.path if sys_path is None else sys_path):
-        for name in (hooktext.HOOK_MODULE + ".py", "sitecustomize.py"):
-            try:
-                text = Path(entry or ".", name).read_text(errors="replace")
-            except OSError:
-                continue
-            found = hooktext.settings_in(text)
-            if found is not None:
-                return found
-    return {}
 
 
 # --------------------------------------------------------------------------- rendering (the CLI prints these)

@@ -8,6 +8,10 @@ replaced and removed again without touching anything around it:
 * the ``.pth`` line that imports the hook module;
 * the NCCL config-file block (``/etc/nccl.conf``, ``~/.nccl.conf``).
 
+``installed_settings`` reads the settings back from the hook file itself (what
+check-env expects); this module imports only ``re`` at start, because check-env
+runs at the top of inference workers.
+
 Values reach Python source only through ``repr`` (never pasted into a string),
 and every free-text field that lands in a comment (the source path, say) is
 escaped with ``ascii()`` so that a newline in it cannot end the comment.
@@ -15,10 +19,10 @@ escaped with ``ascii()`` so that a newline in it cannot end the comment.
 
 from __future__ import annotations
 
-import ast
 import re
+import sys
+from pathlib import Path
 
-from . import ncclvars
 from .errors import CommdiagError
 
 HOOK_MODULE = "commdiag_nccl_hook"  # the pth method's module, in the target's site-packages
@@ -49,6 +53,8 @@ def comment_safe(text: str, *, nccl: bool = False) -> str:
 
 def check_values(settings: dict[str, str]) -> None:
     """Reject what no target can carry safely: invalid names, control characters, NUL, newlines."""
+    from . import ncclvars
+
     for name, value in settings.items():
         error, _ = ncclvars.check_setting(name, value)
         if error:
@@ -151,6 +157,8 @@ def settings_in(text: str) -> dict[str, str] | None:
     if span is not None:
         m = re.search(r"^\s*SETTINGS = (.*)$", text[span[0]:span[1]], re.M)
         if m:
+            import ast
+
             try:
                 value = ast.literal_eval(m.group(1))
             except (ValueError, SyntaxError):
@@ -180,4 +188,23 @@ def meta_in(text: str) -> dict[str, str]:
                 if m:
                     out[m.group(1)] = m.group(2)
             return out
+    return {}
+
+
+def installed_settings(sys_path=None) -> dict[str, str]:
+    """Settings of the commdiag hook this interpreter has, read from the hook file itself.
+
+    Looks for ``commdiag_nccl_hook.py`` and for a commdiag block in ``sitecustomize.py``
+    on ``sys_path`` (default: this interpreter's), in import order: the first found is
+    what a start of this interpreter runs.  {} when there is none.
+    """
+    for entry in (sys.path if sys_path is None else sys_path):
+        for name in (HOOK_MODULE + ".py", "sitecustomize.py"):
+            try:
+                text = Path(entry or ".", name).read_text(errors="replace")
+            except OSError:
+                continue
+            found = settings_in(text)
+            if found is not None:
+                return found
     return {}
