@@ -33,8 +33,10 @@ def main() -> None:
     for _ in range(n):
         for name, argv in CASES.items():
             t0 = time.perf_counter()
-            subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            cp = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
             times[name].append(time.perf_counter() - t0)
+            if cp.returncode not in (0, 1):  # 1: check-env found a mismatch, still a full run; else it broke
+                sys.exit(f"{name} failed with exit {cp.returncode}: {cp.stderr.decode()[-500:]}")
     bare = statistics.median(times["bare: python -c pass"])
     print(f"# check-env start-up cost, {n} starts each, interleaved")
     print(f"# python {platform.python_version()} {sys.executable}; {platform.platform()}; "
