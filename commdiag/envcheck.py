@@ -493,6 +493,7 @@ class NcclCheck:
     debug_note: str = ""  # e.g. the user's NCCL_DEBUG was replaced for this check
     exit_code: int | None = None
     log_tail: str = ""
+    log: str = ""  # the whole torchrun output (ENV subsystem only: a few lines per rank), kept as evidence
 
     @property
     def ok(self) -> bool:
@@ -595,7 +596,7 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
             _, r, p = line.split()
             ranks[int(p)] = int(r)
     return NcclCheck(expected, source, compare_nccl(text, expected, ranks), nccl_conf_files(env, conf_root), note,
-                     proc.returncode, "\n".join(text.splitlines()[-20:]) if proc.returncode else "")
+                     proc.returncode, "\n".join(text.splitlines()[-20:]) if proc.returncode else "", text)
 
 
 if __name__ == "__main__":  # pragma: no cover - used as `python -m commdiag.envcheck` for a quick look
