@@ -167,6 +167,10 @@ def _exp(v: float) -> float:
     return math.exp(min(v, 700.0))  # an interval this wide is "unbounded"; avoid OverflowError
 
 
+def _num(v: float) -> str:
+    return f"{v:.3f}" if v < 1000 else f"{v:.3g}"
+
+
 def _median(xs):
     s = sorted(xs)
     n = len(s)
@@ -216,7 +220,7 @@ class Comparison:
             return "n/a"
         if self.lo is None or self.hi is None:
             return f"{self.ratio:.3f}"
-        return f"{self.ratio:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
+        return f"{self.ratio:.3f} [{_num(self.lo)}, {_num(self.hi)}]"
 
     def to_json(self) -> dict:
         d = asdict(self)

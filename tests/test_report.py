@@ -1,0 +1,225 @@
+"""The HTML report, rendered in a real headless Chromium; the sweep's verdicts, report and profiles.
+
+Without chromium these tests skip, unless COMMDIAG_REQUIRE_CHROMIUM=1 (CI sets it): then they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from commdiag import profile, report, results, stats
+from conftest import run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+HOSTILE = ("<img src=x onerror=\"document.body.setAttribute('data-pwned','img')\">"
+           "</script><script>document.body.setAttribute('data-pwned','script')</script>&amp;")
+
+
+def chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe:
+        return exe
+    if os.environ.get("COMMDIAG_REQUIRE_CHROMIUM") == "1":
+        pytest.fail("chromium is required (COMMDIAG_REQUIRE_CHROMIUM=1) but not installed")
+    pytest.skip("chromium not installed (apt-get install chromium); CI requires it")
+
+
+def render(html_file: Path, tmp_path: Path, budget_ms: int = 20000) -> tuple[str, list[str], float]:
+    """Load the file in headless Chromium; return (DOM after scripts ran, console lines, seconds)."""
+    exe = chromium()
+    profile_dir = tmp_path / "chromium-profile"
+    argv = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile_dir}",
+            "--enable-logging=stderr", "--v=0", f"--virtual-time-budget={budget_ms}", "--dump-dom",
+            html_file.resolve().as_uri()]
+    start = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # Every console message (log, warning, error, uncaught exception) is an INFO:CONSOLE line.
+    console = [l for l in proc.stderr.splitlines() if ":CONSOLE" in l]
+    return proc.stdout, console, elapsed
+
+
+def assert_drawn(dom: str, console: list[str], expected: int) -> None:
+    assert not console, console
+    assert f'data-plots-expected="{expected}"' in dom
+    assert f'data-plots-drawn="{expected}"' in dom, "not every plot finished drawing"
+    # plotly draws each figure into its own <svg class="main-svg">: count real drawn plots.
+    drawn = len(re.findall(r'<div[^>]*class="[^"]*js-plotly-plot', dom))
+    assert drawn == expected
+    assert len(re.findall(r'<svg[^>]*class="main-svg"', dom)) >= expected
+    assert re.search(r'id="js-errors"></div>', dom), "the page reported a script error"
+
+
+def copy_run(name: str, dest: Path) -> Path:
+    shutil.copytree(FIXTURES / name, dest)
+    return dest
+
+
+# ------------------------------------------------------------------ synthetic run folders
+
+def make_run(folder: Path, table: dict, modes=("graph", "eager"), configs: dict | None = None,
+             statuses: dict | None = None, iters: int = 5, tokens: dict | None = None) -> Path:
+    """A run folder from literal launch medians: {config: {size: [median per launch]}}."""
+    import pandas as pd
+
+    folder.mkdir(parents=True)
+    configs = configs or {c: ({} if c == "default" else {"NCCL_PROTO": "LL"}) for c in table}
+    sizes = sorted({s for by in table.values() for s in by})
+    tokens = tokens or {s: s // 4096 or None for s in sizes}
+    rng = random.Random(0)
+    launches, rows = [], []
+    trials = max(len(v) for by in table.values() for v in by.values())
+    for trial in range(trials):
+        for c in table:
+            idx = len(launches)
+            status = (statuses or {}).get((c, trial), "ok")
+            launches.append({"index": idx, "config": c, "trial": trial, "status": status, "wrong": 0,
+                             "error": None if status == "ok" else f"{status}: {HOSTILE if 'evil' in c else 'x'}",
+                             "stderr_tail": None if status == "ok" else "Traceback ...\nRuntimeError: boom",
+                             "ranks": [{"rank": r, "env_seen": {k: {"environ": v, "getenv": v}
+                                                                for k, v in configs[c].items()},
+                                        "nccl_applied": dict(configs[c])} for r in range(2)]})
+            for mode in modes:
+                for s in sizes:
+                    med = table[c][s][trial] * (1.5 if mode == "eager" else 1.0)
+                    for i in range(iters):
+                        rows.append((c, trial, idx, s, tokens.get(s), mode, "torch", i,
+                                     round(med * (1 + rng.uniform(-0.01, 0.01)), 4), None))
+    samples = pd.DataFrame(rows, columns=results.SAMPLES_COLUMNS)
+    samples["tokens"] = samples["tokens"].astype("Int64")
+    samples.to_csv(folder / "samples.csv", index=False)
+    results.summarize(samples, {}, nranks=2).to_csv(folder / "summary.csv", index=False)
+    run = {"format": results.RUN_FORMAT, "version": results.RUN_FORMAT_VERSION, "state": "complete",
+           "spec": {"name": "synthetic", "backend": "nccl", "modes": list(modes),
+                    "sizes": [{"bytes": s, "tokens": tokens.get(s)} for s in sizes],
+                    "bands": {"decode": [1, 64], "prefill": [256, None]}},
+           "world_size": 2, "configs": [{"name": c, "env": {"NCCL_NVLS_ENABLE": "0", **e}, "overrides": e,
+                                         "origin": "configs"} for c, e in configs.items()],
+           "launches": launches, "fingerprint": {"worker": {"nccl": "2.28.9", "torch": "2.13.0"}}}
+    (folder / "run.json").write_text(json.dumps(run))
+    return folder
+
+
+# ------------------------------------------------------------------ tests
+
+def test_report_of_a_real_cpu_run_draws_every_plot(tmp_path):
+    run_dir = copy_run("cpu-aa-a", tmp_path / "run")
+    proc = run_cli("report", run_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert "verdicts vs default" in proc.stdout and "report:" in proc.stdout
+    dom, console, _ = render(run_dir / "report.html", tmp_path)
+    assert_drawn(dom, console, expected=3)  # gloo: eager only -> latency, busbw, speedup heatmap
+    assert "no significant difference" in dom or "inconclusive" in dom
+
+
+def test_report_with_both_modes_failures_and_a_hostile_label(tmp_path):
+    evil = "evil" + HOSTILE
+    sizes = [4096, 65536, 1048576, 4194304]
+    table = {"default": {s: [10.0, 10.3, 9.9] for s in sizes},
+             evil: {s: [9.0, 9.2, 8.9] for s in sizes},
+             "other": {s: [10.1, 9.8, 10.2] for s in sizes}}
+    run_dir = make_run(tmp_path / "run", table, configs={"default": {}, evil: {"NCCL_PROTO": HOSTILE},
+                                                          "other": {"NCCL_ALGO": "Ring"}},
+                       statuses={("other", 1): "failed"})
+    path, verdicts = report.write_report(run_dir)
+    text = path.read_text()
+    # The raw file: the hostile string never appears unescaped, in HTML or in the plot JSON.
+    assert HOSTILE not in text and "<img src=x" not in text
+    assert "&lt;img src=x" in text
+    dom, console, _ = render(path, tmp_path)
+    assert_drawn(dom, console, expected=7)  # 3 per mode x 2 modes + graph-vs-eager
+    assert not re.search(r"<body[^>]*data-pwned", dom) and 'data-pwned="' not in dom  # no script ran
+    assert "<img src=\"x\"" not in dom and "<img src=x" not in dom
+    assert "&lt;img src=x onerror=" in dom  # shown as text
+    assert "Failed, timed-out and incorrect launches (1)" in dom and "RuntimeError: boom" in dom
+    # The failed config is excluded; the hostile one is a real 10% winner and is shown as such.
+    assert "other" in verdicts.excluded
+    assert verdicts.band_winner("decode", "graph").config == evil
+
+
+def test_large_report_stays_lean_and_opens_quickly(tmp_path):
+    rng = random.Random(3)
+    sizes = [4096 * 2 ** i for i in range(20)]
+    table = {"default": {s: [10 + s / 1e5 * rng.uniform(0.95, 1.05) for _ in range(3)] for s in sizes}}
+    for i in range(49):
+        table[f"PROTO=LL,ALGO=Ring,NCHANNELS={i}"] = {s: [(10 + s / 1e5) * rng.uniform(0.8, 1.2) for _ in range(3)]
+                                                      for s in sizes}
+    run_dir = make_run(tmp_path / "run", table, iters=20)
+    start = time.monotonic()
+    path, _ = report.write_report(run_dir)
+    build_s = time.monotonic() - start
+    text = path.read_text()
+    data_part = len(text) - len(report.plotly_js())
+    assert data_part < 1_500_000, f"report data is {data_part} bytes: plots must carry launch medians, not samples"
+    assert build_s < 30
+    dom, console, elapsed = render(path, tmp_path, budget_ms=30000)
+    assert_drawn(dom, console, expected=7)
+    assert elapsed < 60, f"chromium took {elapsed:.1f}s to open and draw the report"
+
+
+def test_sweep_end_to_end_prints_verdicts_writes_report_and_no_profile_for_aa(tmp_path):
+    out = tmp_path / "aa"
+    proc = run_cli("sweep", Path(__file__).parent.parent / "sweeps" / "cpu-aa.yaml", "--out", out,
+                   "--set", "trials=2", "--set", "iters=10", "--set", "warmup=2",
+                   "--set", "sizes={hidden: 1024, tokens: [1, 256]}", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    verdicts = data["verdicts"]
+    assert verdicts["cells"], "an A/A sweep has comparisons"
+    assert not [c for c in verdicts["cells"] if c["verdict"] in ("faster", "slower")]
+    assert all(w["config"] is None for w in verdicts["band_winners"] + verdicts["size_winners"])
+    assert data["profiles"] == [] and not list(out.glob("profile*.env"))
+    assert Path(data["report"]).is_file()
+
+
+def test_publish_writes_a_loadable_profile_for_a_clear_winner_and_removes_it_when_gone(tmp_path):
+    sizes = [4096, 65536, 1048576]
+    table = {"default": {s: [10.0, 10.3, 9.9] for s in sizes}, "fast": {s: [8.0, 8.2, 7.9] for s in sizes}}
+    run_dir = make_run(tmp_path / "run", table, configs={"default": {}, "fast": {"NCCL_PROTO": "LL"}})
+    pub = report.publish(run_dir)
+    assert set(pub.profiles) == {"profile.env", "profile-decode.env", "profile-prefill.env"}
+    prof = profile.load(run_dir / "profile.env")
+    assert prof.settings == {"NCCL_NVLS_ENABLE": "0", "NCCL_PROTO": "LL"}
+    assert "config fast" in prof.meta["source"]
+    # The same folder with the winner gone (e.g. resumed with more launches): stale profiles go.
+    run = json.loads((run_dir / "run.json").read_text())
+    data = results.load_run(run_dir)
+    same = stats.evaluate(stats.launch_medians(data.samples.assign(
+        time_us=data.samples["time_us"].where(data.samples["config"] != "fast", 10.0))),
+        configs=["default", "fast"], modes=["graph", "eager"], tokens_by_size={s: s // 4096 for s in sizes},
+        bands=run["spec"]["bands"])
+    assert report.write_profiles(run_dir, same, run) == ()
+    assert not list(run_dir.glob("profile*.env"))
+
+
+def test_verdict_table_text_names_every_comparison():
+    v = stats.evaluate_run(results.load_run(FIXTURES / "cpu-aa-b"))
+    text = report.render_verdicts(v)
+    assert len([l for l in text.splitlines() if l.strip().startswith("eager")]) == len(v.cells) == 4
+    assert "keep NCCL defaults" in text
+
+
+def test_report_of_a_real_run_with_crashed_and_incorrect_launches(tmp_path):
+    # Recorded with tests/fixtures/runs/cpu-faults/spec.yaml: COMMDIAG_TEST_FAULT crash / wrong.
+    run_dir = copy_run("cpu-faults", tmp_path / "run")
+    data = results.load_run(run_dir)
+    v = stats.evaluate_run(data)
+    assert set(v.excluded) == {"crash", "wrongsum"}
+    assert {c.config for c in v.cells} == {"aa"}  # crashed and incorrect launches are not timed
+    path, _ = report.write_report(run_dir, tmp_path / "elsewhere.html")
+    dom, console, _ = render(path, tmp_path)
+    assert_drawn(dom, console, expected=3)
+    n_bad = sum(l["status"] in ("failed", "incorrect") for l in data.run["launches"])
+    assert n_bad == 4 and f"Failed, timed-out and incorrect launches ({n_bad})" in dom
+    assert "crashing rank 0 on purpose" in dom  # the stderr tail of the crash
