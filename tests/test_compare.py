@@ -1,0 +1,88 @@
+"""``commdiag compare``: recorded real runs, known shifts, fingerprint and settings warnings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from commdiag import compare, results, stats
+from conftest import run_cli
+from test_report import FIXTURES, assert_drawn, make_run, render
+
+SIZES = [4096, 65536, 1048576]
+
+
+def test_two_recorded_aa_runs_through_the_cli(tmp_path):
+    a, b = FIXTURES / "cpu-aa-a", FIXTURES / "cpu-aa-b"
+    proc = run_cli("compare", a, b)
+    assert proc.returncode == 0, proc.stderr
+    rows = [l for l in proc.stdout.splitlines() if l.strip().startswith("eager")]
+    assert len(rows) == 2 * 4  # default and aa at 4 sizes
+    assert not [l for l in rows if "faster in B" in l or "slower in B" in l]
+    assert "warning: environment differs" not in proc.stdout  # recorded on the same machine
+
+    proc = run_cli("compare", a, b, "--json", "--html", tmp_path / "cmp.html")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["format"] == "commdiag-compare" and data["version"] == 1
+    assert {(c["config"], c["size_bytes"]) for c in data["changes"]} == {
+        (c, s) for c in ("default", "aa") for s in (4096, 65536, 1048576, 4194304)}
+    dom, console, _ = render(tmp_path / "cmp.html", tmp_path)
+    assert_drawn(dom, console, expected=1)
+
+
+def test_a_50_percent_slowdown_is_found_and_noise_is_not(tmp_path):
+    base = {"default": {s: [10.0, 10.3, 9.9] for s in SIZES}, "ll": {s: [8.0, 8.1, 7.9] for s in SIZES}}
+    slower = {"default": {s: [15.0, 15.4, 14.8] for s in SIZES}, "ll": {s: [8.05, 7.95, 8.1] for s in SIZES}}
+    a = make_run(tmp_path / "a", base)
+    b = make_run(tmp_path / "b", slower)
+    r = compare.run(a, b)
+    by = {(c.config, c.mode, c.size_bytes): c for c in r.changes}
+    assert len(by) == 2 * 2 * len(SIZES)
+    for s in SIZES:
+        for mode in ("graph", "eager"):
+            assert by[("default", mode, s)].verdict == stats.SLOWER
+            assert by[("default", mode, s)].ratio == compare_ratio(1.5)
+            assert by[("ll", mode, s)].verdict == stats.SAME
+    assert r.family_size == len(r.changes)
+    assert "slower in B" in compare.render_text(r)
+
+
+def compare_ratio(expected: float):
+    import pytest
+
+    return pytest.approx(expected, rel=0.02)
+
+
+def test_fingerprint_and_settings_differences_are_warnings(tmp_path):
+    table = {"default": {s: [10.0, 10.3, 9.9] for s in SIZES}, "ll": {s: [8.0, 8.1, 7.9] for s in SIZES}}
+    a = make_run(tmp_path / "a", table)
+    b = make_run(tmp_path / "b", table, configs={"default": {}, "ll": {"NCCL_PROTO": "LL128"}})
+    run_b = json.loads((b / "run.json").read_text())
+    run_b["fingerprint"]["worker"]["nccl"] = "2.27.3"
+    run_b["fingerprint"]["worker"]["gpus"] = [{"rank": 0, "gpu_name": "NVIDIA H100"}]
+    (b / "run.json").write_text(json.dumps(run_b))
+    r = compare.compare(results.load_run(a), results.load_run(b))
+    keys = {d.key for d in r.fingerprint}
+    assert "worker.nccl" in keys and "worker.gpus.0.gpu_name" in keys
+    text = compare.render_text(r)
+    assert "warning: environment differs: worker.nccl: '2.28.9' (A) vs '2.27.3' (B)" in text
+    assert any(d.key == "configs.ll.env" for d in r.settings)
+    assert "warning: settings differ: configs.ll.env" in text
+
+
+def test_v1_and_v2_runs_match_on_common_configs_and_sizes():
+    r = compare.run(FIXTURES / "cpu-aa-a", FIXTURES / "cpu-faults")
+    assert {(c.config, c.size_bytes) for c in r.changes} == {
+        (c, s) for c in ("default", "aa") for s in (4096, 1048576)}
+    assert set(r.only_b) == {"wrongsum", "crash"}
+    assert any(d.key == "spec.iters" for d in r.settings)
+    assert not [c for c in r.changes if c.verdict in (stats.FASTER, stats.SLOWER)]
+
+
+def test_no_common_data_says_so(tmp_path):
+    a = make_run(tmp_path / "a", {"default": {4096: [1.0, 1.1]}})
+    b = make_run(tmp_path / "b", {"default": {8192: [1.0, 1.1]}})
+    r = compare.run(a, b)
+    assert r.changes == ()
+    assert any("nothing to compare" in w for w in r.warnings)
