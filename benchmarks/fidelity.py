@@ -87,7 +87,7 @@ def main() -> int:
     floor_nccl = nccldirect.Nccl(rank, world)  # the reference's own communicator
     torch_path = worker.TorchPath(dist)
     direct_path = worker.DirectPath(torch, rank, world, "bfloat16")
-    plan = {"graph_batch": args.batch, "iters": args.iters, "warmup": 20, "replay_stream": "side"}
+    plan = {"batch": "auto", "window_us": 500, "iters": args.iters, "warmup": 20, "replay_stream": "side"}
     rows = []
     for size in SIZES:
         buf = torch.zeros(size // 2, dtype=torch.bfloat16, device="cuda")
@@ -99,12 +99,12 @@ def main() -> int:
         row["floor_eager_us"] = floor_eager(torch, call_for(buf, torch.cuda.current_stream()), args.iters)
         for p in (torch_path, direct_path):
             dist.barrier()
-            row[f"{p.name}_graph_us"] = statistics.median(worker._time_graph(torch, p, buf, plan))
+            row[f"{p.name}_graph_us"] = statistics.median(worker._time_graph(torch, p, buf, plan)[0])
             dist.barrier()
             row[f"{p.name}_eager_us"] = statistics.median(worker._time_eager_cuda(torch, p.op(buf), plan)[0])
         dist.barrier()
         row["torch_graph_default_stream_us"] = statistics.median(
-            worker._time_graph(torch, torch_path, buf, {**plan, "replay_stream": "default"}))
+            worker._time_graph(torch, torch_path, buf, {**plan, "replay_stream": "default"})[0])
         rows.append(row)
         del buf
     floor_nccl.close()

@@ -101,7 +101,7 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
         debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
                  "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")}
         plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0, "iters": 0,
-                "graph_batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
+                "batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
                 "out_dir": str(folder.resolve()), "config": config["name"], "nccl_debug_file": None}
         results.write_json(folder / "plan.json", plan)
         marker = launcher.new_marker()

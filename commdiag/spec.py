@@ -46,7 +46,8 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "trials": ((int,), 3),
     "warmup": ((int,), 20),
     "iters": ((int,), 200),
-    "graph_batch": ((int,), 10),
+    "batch": ((int, str), "auto"),
+    "window_us": ((int, float), 500),
     "modes": ((list, type(None)), None),
     "vias": ((list, type(None)), None),
     "replay_stream": ((str,), "side"),
@@ -92,7 +93,8 @@ class Spec:
     trials: int
     warmup: int
     iters: int
-    graph_batch: int
+    batch: int | str
+    window_us: float
     modes: tuple[str, ...]
     timeout_s: float
     base_env: dict[str, str]
@@ -119,6 +121,9 @@ class Spec:
         d["configs"] = tuple(Config(**c) for c in d["configs"])
         d["modes"] = tuple(d["modes"])
         d["vias"] = tuple(d.get("vias", ("torch",)))
+        if "graph_batch" in d:  # run format 1
+            d["batch"] = d.pop("graph_batch")
+            d.setdefault("window_us", 500.0)
         d["warnings"] = tuple(d.get("warnings", ()))
         return cls(**d)
 
@@ -231,7 +236,12 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     trials = _positive_int(path, "trials", get("trials"))
     warmup = _positive_int(path, "warmup", get("warmup"), minimum=0)
     iters = _positive_int(path, "iters", get("iters"))
-    graph_batch = _positive_int(path, "graph_batch", get("graph_batch"))
+    batch = get("batch")
+    if batch != "auto":
+        _positive_int(path, "batch", batch)
+    window_us = get("window_us")
+    if window_us <= 0:
+        raise SpecError(path, "window_us", f"{window_us!r} must be > 0 microseconds")
     timeout_s = get("timeout_s")
     if timeout_s <= 0:
         raise SpecError(path, "timeout_s", f"{timeout_s!r} must be > 0 seconds")
@@ -272,7 +282,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     return Spec(
         path=str(path), name=str(name), description=str(get("description") or ""), backend=backend,
         nproc_per_node=nproc, nnodes=nnodes, rdzv_endpoint=rdzv, dtype=dtype, sizes=sizes,
-        trials=trials, warmup=warmup, iters=iters, graph_batch=graph_batch, modes=modes,
+        trials=trials, warmup=warmup, iters=iters, batch=batch, window_us=float(window_us), modes=modes,
         timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
     )

@@ -110,13 +110,14 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
         "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
         "method": {
-            "graph": f"{spec.graph_batch} all-reduces captured in one CUDA graph; {spec.iters} replays back to "
-                     f"back on the {spec.replay_stream} stream, a CUDA event between replays; "
-                     f"sample = replay time / {spec.graph_batch}",
+            "sample": f"a window of batch back-to-back all-reduces between two CUDA events, / batch; "
+                      f"batch={spec.batch} (auto: enough calls to fill {spec.window_us:g} us of device time)",
+            "graph": f"batch all-reduces captured in one CUDA graph; {spec.iters} replays back to "
+                     f"back on the {spec.replay_stream} stream, a CUDA event between replays",
             "vias": "torch = torch.distributed.all_reduce; nccl-direct = libnccl's ncclAllReduce through ctypes "
                     "(the library torch loaded), arguments converted once; modes graph-direct/eager-direct",
-            "eager": "back-to-back all_reduce calls; CUDA events between calls (NCCL) or the blocking call's "
-                     "monotonic wall time (gloo); enqueue_us = host time to issue the call",
+            "eager": f"{spec.iters} windows of batch back-to-back calls (NCCL), or each blocking call's "
+                     "monotonic wall time (gloo); enqueue_us = host time per call to issue it",
             "combine_ranks": "per iteration, the max over ranks",
         },
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
@@ -187,7 +188,8 @@ def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict
     run["nccl_debug"] = debug_note
     plan = {
         "backend": spec.backend, "dtype": spec.dtype, "sizes": [s.bytes for s in spec.sizes],
-        "modes": list(spec.modes), "warmup": spec.warmup, "iters": spec.iters, "graph_batch": spec.graph_batch,
+        "modes": list(spec.modes), "warmup": spec.warmup, "iters": spec.iters, "batch": spec.batch,
+        "window_us": spec.window_us,
         "vias": list(spec.vias), "replay_stream": spec.replay_stream,
         "watch_env": sorted(set(config["env"]) | set(spec.base_env)),
         "out_dir": str(folder.resolve()), "config": config["name"], "launch": launch["index"],

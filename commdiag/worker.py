@@ -5,17 +5,23 @@ libnccl through ctypes, see nccldirect.py) and each size: a correctness check
 with an exactly representable expected sum (nccl-tests' #wrong), warmup, then
 timing in each mode:
 
-* graph (NCCL): ``graph_batch`` all-reduces captured in one CUDA graph; ``iters``
-  replays enqueued back to back on the replay stream with a CUDA event between
-  replays, synchronised only at the end.  A sample is one replay's event time /
-  graph_batch: per-all-reduce device time, free of launch overhead.  The replay
+A sample is a window of ``batch`` back-to-back all-reduces, timed by a CUDA event
+pair at its ends, divided by ``batch``.  With ``batch: auto`` (the default) the
+worker estimates one all-reduce's time and picks enough calls to fill
+``window_us`` of device time (at most 1000 calls): an event between every call
+costs a few microseconds of its own, which at 7 us all-reduces would be 40%
+of the measurement, while across a 500 us window it is under 1%.
+
+* graph (NCCL): ``batch`` all-reduces captured in one CUDA graph; ``iters`` replays
+  enqueued back to back on the replay stream with an event between replays,
+  synchronised only at the end: device time, free of launch overhead.  The replay
   stream is ``replay_stream``: ``side`` (a dedicated stream; the default) or
   ``default`` (torch's default stream, which was measured 3x slower on H200s —
   frameworks that replay there pay it, so it is a measurable variable).
-* eager (NCCL): ``iters`` back-to-back calls on the current stream with an event
-  between calls (device time, including any gap the host's dispatch leaves) and
-  the host time each call took to enqueue.
-* eager (gloo): the wall time of each blocking call (monotonic clock).
+* eager (NCCL): ``iters`` windows of ``batch`` back-to-back calls on the current
+  stream (device time, including any gap the host's dispatch leaves), plus the
+  host time per call to enqueue (``enqueue_us``).
+* eager (gloo): the wall time of each blocking call (monotonic clock, batch 1).
 
 ``explain`` launches time nothing: they run a few all-reduces per size with
 NCCL's TUNING log on, for ``commdiag explain`` to read what NCCL chose.
@@ -51,6 +57,8 @@ from .atomic import write_json
 FAULT = os.environ.get("COMMDIAG_TEST_FAULT", "")
 LAUNCH_FORMAT_VERSION = 2
 EXPLAIN_CALLS = 3  # all-reduces per size in an explain launch: NCCL logs its choice for each call
+MAX_BATCH = 1000  # calls per sample with batch: auto (1000 x 7 us = 7 ms: plenty of window)
+PROBE_BATCH = 10  # all-reduces in the graph that estimates one call's device time
 
 
 def _fault(point: str, rank: int) -> None:
@@ -146,6 +154,7 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
 
     wrong: dict = {p.name: {} for p in paths}
     samples: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}
+    batches: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}
     enqueue: dict = {p.name: {} for p in paths}
     _fault("before-timing", rank)
     t_measure = time.monotonic()
@@ -161,17 +170,18 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
             for mode in plan["modes"]:
                 dist.barrier()
                 if mode == "graph":
-                    samples[p.name][mode][key] = _time_graph(torch, p, buf, plan)
+                    samples[p.name][mode][key], batches[p.name][mode][key] = _time_graph(torch, p, buf, plan)
                 elif backend == "nccl":
-                    samples[p.name][mode][key], enqueue[p.name][key] = _time_eager_cuda(torch, p.op(buf), plan)
+                    (samples[p.name][mode][key], enqueue[p.name][key],
+                     batches[p.name][mode][key]) = _time_eager_cuda(torch, p.op(buf), plan)
                 else:
-                    samples[p.name][mode][key] = _time_eager_host(p.op(buf), plan)
+                    samples[p.name][mode][key], batches[p.name][mode][key] = _time_eager_host(p.op(buf), plan), 1
             del buf
     info["measure_s"] = round(time.monotonic() - t_measure, 3)
 
     if plan.get("nccl_debug_file"):
         info["nccl_applied"], info["nccl_log_version"] = _nccl_applied(plan["nccl_debug_file"])
-    result = {**info, "wrong": wrong, "samples": samples, "enqueue_us": enqueue}
+    result = {**info, "wrong": wrong, "samples": samples, "enqueue_us": enqueue, "batch": batches}
     everyone: list = [None] * world
     dist.all_gather_object(everyone, result)
     if local_rank == 0:
@@ -233,9 +243,34 @@ def _capture(torch, path, buf, count: int, replay_stream: str, warm: bool = True
     return g, (stream if replay_stream == "side" else torch.cuda.default_stream())
 
 
-def _time_graph(torch, path, buf, plan) -> list[float]:
-    batch, iters = plan["graph_batch"], plan["iters"]
-    g, stream = _capture(torch, path, buf, batch, plan.get("replay_stream", "side"))
+def _auto_batch(plan, one_call_us: float) -> int:
+    if plan.get("batch", "auto") != "auto":
+        return int(plan["batch"])
+    return max(1, min(MAX_BATCH, -(-int(plan.get("window_us", 500)) // max(one_call_us, 0.01))))
+
+
+def _window_us(torch, stream, fn, reps: int) -> float:
+    """Device time of ``reps`` back-to-back ``fn()`` on ``stream``, one event pair around them."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        start.record(stream)
+        for _ in range(reps):
+            fn()
+        end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0
+
+
+def _time_graph(torch, path, buf, plan) -> tuple[list[float], int]:
+    iters, where = plan["iters"], plan.get("replay_stream", "side")
+    if plan.get("batch", "auto") == "auto":
+        probe, stream = _capture(torch, path, buf, PROBE_BATCH, where)
+        probe.replay()
+        batch = _auto_batch(plan, _window_us(torch, stream, probe.replay, 3) / (3 * PROBE_BATCH))
+        del probe
+    else:
+        batch = int(plan["batch"])
+    g, stream = _capture(torch, path, buf, batch, where)
     with torch.cuda.stream(stream):
         for _ in range(max(1, -(-plan["warmup"] // batch))):
             g.replay()
@@ -248,26 +283,29 @@ def _time_graph(torch, path, buf, plan) -> list[float]:
     stream.synchronize()
     out = [events[i].elapsed_time(events[i + 1]) * 1000.0 / batch for i in range(iters)]
     del g
-    return out
+    return out, batch
 
 
-def _time_eager_cuda(torch, op, plan) -> tuple[list[float], list[float]]:
-    for _ in range(plan["warmup"]):
-        op()
+def _time_eager_cuda(torch, op, plan) -> tuple[list[float], list[float], int]:
+    op()
     torch.cuda.synchronize()
+    warm = max(1, plan["warmup"])
+    batch = _auto_batch(plan, _window_us(torch, torch.cuda.current_stream(), op, warm) / warm)
     iters = plan["iters"]
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     host = [0.0] * iters
     clock = time.perf_counter_ns
     record = [e.record for e in events]
+    calls = range(batch)
     record[0]()
     for i in range(iters):
         t0 = clock()
-        op()
-        host[i] = (clock() - t0) / 1000.0
+        for _ in calls:
+            op()
+        host[i] = (clock() - t0) / 1000.0 / batch
         record[i + 1]()
     torch.cuda.synchronize()
-    return [events[i].elapsed_time(events[i + 1]) * 1000.0 for i in range(iters)], host
+    return [events[i].elapsed_time(events[i + 1]) * 1000.0 / batch for i in range(iters)], host, batch
 
 
 def _time_eager_host(op, plan) -> list[float]:
