@@ -635,8 +635,8 @@ def why_not_loaded(record: dict, hooks, fresh: dict, roots: Roots) -> list[str]:
     """Reasons a fresh start of the target does not run the hook (empty when it does)."""
     reasons = []
     if hooks.hooks_disabled or fresh.get("no_site"):
-        reasons.append(f"site processing is off ({', '.join(hooks.disabled_by) or '-S'}): no sitecustomize "
-                       "or .pth runs at all")
+        off = [d for d in hooks.disabled_by if d in ("-S", "no site module")] or ["-S"]
+        reasons.append(f"site processing is off ({', '.join(off)}): no sitecustomize or .pth runs at all")
         return reasons
     hook_file = record.get("hook_file")
     if record["method"] == "pth":

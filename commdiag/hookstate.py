@@ -160,11 +160,14 @@ def locked(sdir: str):
     created: list[str] = []
     path = os.path.join(sdir, "lock")
     while True:
-        created += _makedirs(sdir)
         try:
+            created += _makedirs(sdir)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:
             continue  # the last uninstall removed the state directory in between
+        except PermissionError:
+            raise CommdiagError(f"{sdir}: permission denied; commdiag keeps its install manifest there, which "
+                                "needs root (run with sudo), or stage with --root DIR") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))
