@@ -59,9 +59,12 @@ _PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 def installed_settings() -> dict[str, str]:
     """Settings of the commdiag hook installed for this interpreter, {} when none is found.
 
-    Filled in by the install-hook work (issue 5), which owns the manifest format.
+    Read from the hook file itself (``commdiag_nccl_hook.py``, or commdiag's block in a
+    ``sitecustomize.py``) on this interpreter's sys.path, in import order: what its start runs.
     """
-    return {}
+    from .hooktext import installed_settings as from_hook_files
+
+    return from_hook_files()
 
 
 def resolve_expectation(expect: dict[str, str] | None = None, profile: str | os.PathLike | None = None,
