@@ -176,3 +176,20 @@ def test_installed_settings_reads_the_first_hook_on_the_path(tmp_path):
     assert hooktext.installed_settings([str(b), str(a)]) == {"NCCL_PROTO": "LL"}
     assert hooktext.installed_settings([str(a), str(b)]) == {"NCCL_ALGO": "Tree"}
     assert hooktext.installed_settings([str(tmp_path)]) == {}
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS"}
+
+
+def test_shipped_templates_match_what_install_hook_writes(tmp_path):
+    with open(os.path.join(REPO, "systemd", "commdiag-nccl.conf.example")) as f:
+        template = [l for l in f.read().splitlines() if l.startswith(("[", "Environment="))]
+    generated = [l for l in systemd.dropin_text(SHIPPED, meta={}).splitlines() if l.startswith(("[", "Environment="))]
+    assert template == generated
+    out = subprocess.run(["sh", "-c", f"set -a; . {os.path.join(REPO, 'systemd', 'nccl.env.example')}; env -0"],
+                         capture_output=True, check=True, env={"PATH": os.environ["PATH"]}).stdout.decode()
+    assert {k: v for k, v in (i.split("=", 1) for i in out.split("\0") if i.startswith("NCCL_"))} == SHIPPED
+    with open(os.path.join(REPO, "systemd", "nccl.env.example")) as f:
+        assert [l for l in f.read().splitlines() if not l.startswith("#")] == \
+               [l for l in systemd.env_file_text(SHIPPED, meta={}).splitlines() if not l.startswith("#")]
