@@ -195,10 +195,11 @@ def installed_settings(sys_path=None) -> dict[str, str]:
     """Settings of the commdiag hook this interpreter has, read from the hook file itself.
 
     Looks for ``commdiag_nccl_hook.py`` and for a commdiag block in ``sitecustomize.py``
-    on ``sys_path`` (default: this interpreter's), in import order: the first found is
-    what a start of this interpreter runs.  {} when there is none.
+    on ``sys_path`` (default: this interpreter's, then the site directories a normal start
+    adds, so a start with -S still knows what it should have got), in import order: the
+    first found is what a start of this interpreter runs.  {} when there is none.
     """
-    for entry in (sys.path if sys_path is None else sys_path):
+    for entry in (_default_path() if sys_path is None else sys_path):
         for name in (HOOK_MODULE + ".py", "sitecustomize.py"):
             try:
                 text = Path(entry or ".", name).read_text(errors="replace")
@@ -208,3 +209,22 @@ def installed_settings(sys_path=None) -> dict[str, str]:
             if found is not None:
                 return found
     return {}
+
+
+def _default_path() -> list[str]:
+    """sys.path plus the site directories site.py would add (missing from it under -S)."""
+    import os
+
+    out = list(sys.path)
+    exe_dir = os.path.dirname(sys.executable)
+    for d in (exe_dir, os.path.dirname(exe_dir)):  # a venv: site.venv() is skipped under -S
+        if os.path.isfile(os.path.join(d, "pyvenv.cfg")):
+            out.append(os.path.join(d, "lib", "python%d.%d" % sys.version_info[:2], "site-packages"))
+            break
+    try:
+        import site
+
+        out += site.getsitepackages()
+    except Exception:
+        pass
+    return list(dict.fromkeys(out))

@@ -214,6 +214,14 @@ def test_spawn_child_and_status(root, tmp_path_factory):
                           timeout=120).stdout.strip() == "LL"
     cp = cli("--status", "--python", str(py), "--root", str(root), check=0)
     assert "loads at start: yes" in cp.stdout and "check-env in a fresh process: OK" in cp.stdout
+    # check-env inside the target, with no expectation given, expects the installed hook's settings
+    pkg = str(Path(__file__).resolve().parent.parent)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from commdiag import envcheck; import json; "
+            "r = envcheck.check_env(); print(json.dumps([envcheck.installed_settings(), r.source, r.ok]))")
+    for flags, ok in (([], True), (["-S"], False)):
+        out = subprocess.run([str(py), *flags, "-c", code, pkg], capture_output=True, text=True, env=env,
+                             timeout=60, check=True).stdout
+        assert json.loads(out) == [SETTINGS, "installed hook", ok]
     # -S turns site processing off: the hook cannot run, and status says so
     assert sees(py, flags=["-S"]) == NOTHING
     cp = cli("--status", "--python", str(py), "--root", str(root), "--python-flag", "-S", check=1)
