@@ -432,7 +432,8 @@ def render_verdicts(verdicts: stats.Verdicts) -> str:
     if not per_size:
         lines.append("no size has a config significantly faster than default: keep NCCL defaults")
     for c, why in verdicts.excluded.items():
-        lines.append(f"never a winner: {c} ({why})")
+        if c != stats.DEFAULT:  # default is the reference, never a candidate; its failures are listed anyway
+            lines.append(f"never a winner: {c} ({why})")
     for w in verdicts.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
