@@ -16,7 +16,8 @@ Flow (STYLE principle 9): ``survey`` reads the system, ``hookplan`` makes the
 plan (pure), ``--dry-run`` renders it, ``hookstate.apply`` applies it under a
 lock and the manifest records the exact undo.  After an install the target
 interpreter is started fresh (and a spawn child of it) to check that the values
-arrive.  ``status`` and ``uninstall`` read the manifest.
+arrive (hookcheck.py, which also does ``--status``).  ``uninstall`` reads the
+manifest and applies the recorded undo.
 """
 
 from __future__ import annotations
@@ -26,23 +27,20 @@ import json
 import os
 import posixpath
 import pwd
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__, hookplan, hookstate, hooktext, ncclvars, systemd
 from . import profile as profile_mod
 from .errors import CommdiagError
+from .hookcheck import Verification, probe_target, render_status, status, verify_python  # noqa: F401 (the API)
 from .hookplan import BLOCK, OWNED, Desired, Plan, Target
 from .hookstate import Roots
 
 installed_settings = hooktext.installed_settings  # what check-env expects; lives in the light module
 METHODS = ("auto", "pth", "sitecustomize", "none")
-VERIFY_TIMEOUT_S = 60.0  # a cold interpreter plus one spawn child: ~1 s; generous for a loaded machine
-_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
 # --------------------------------------------------------------------------- what to install
@@ -108,7 +106,7 @@ def resolve_settings(from_dir: str | None = None, profile: str | None = None, se
             warnings.append(warning)
         values[name] = value
     if sets:
-        sources.append("--set " + " ".join(f"{n}={v}" for n, v in values.items() if f"{n}={v}" in sets))
+        sources.append("--set " + " ".join(sets))
     if not values:
         raise CommdiagError("nothing to install: give --from RUN_DIR, --profile FILE or --set NAME=VALUE")
     hooktext.check_values(values)
@@ -129,12 +127,6 @@ class Request:
 
 
 # --------------------------------------------------------------------------- the Python target
-
-def _probe(python: str | None, flags=()):
-    from . import pyprobe
-
-    return pyprobe.probe(python, flags=list(flags), cross_check=False)
-
 
 _SC_FORMS = ("sitecustomize.py", "sitecustomize/__init__.py", "sitecustomize.pyc")
 
@@ -292,13 +284,6 @@ def nccl_conf_target(which: str, settings: Settings, *, override: bool, roots: R
 # --------------------------------------------------------------------------- install
 
 @dataclass(frozen=True)
-class Verification:
-    ok: bool
-    detail: str
-    seen: dict = field(default_factory=dict)  # process -> name -> {environ, getenv}
-
-
-@dataclass(frozen=True)
 class InstallResult:
     plan: Plan
     dry_run: bool
@@ -335,7 +320,7 @@ def _targets(req: Request, roots: Roots, meta: dict) -> tuple[list[Target], obje
     if req.method != "none":
         if req.method not in METHODS:
             raise CommdiagError(f"--method: {req.method!r} is not one of {', '.join(METHODS)}")
-        hooks = _probe(req.python)
+        hooks = probe_target(req.python)
         targets.append(python_target(hooks, req.method, req.settings, override=req.override, roots=roots,
                                      sitecustomizes=sitecustomize_files(hooks, roots), meta=meta))
     if req.systemd_unit:
@@ -422,86 +407,6 @@ def _with_created_dirs(plan: Plan, created: list[str]) -> Plan:
     return replace(plan, records=records)
 
 
-# --------------------------------------------------------------------------- verification
-
-_VERIFY = r'''
-import ctypes, json, multiprocessing, os, sys
-
-def observe(names):
-    libc = ctypes.CDLL(None)
-    libc.getenv.restype = ctypes.c_char_p
-    out = {}
-    for n in names:
-        g = libc.getenv(n.encode())
-        out[n] = {"environ": os.environ.get(n), "getenv": None if g is None else g.decode("utf-8", "replace")}
-    return out
-
-def child(conn, names):
-    conn.send(observe(names))
-    conn.close()
-
-if __name__ == "__main__":
-    names = json.loads(sys.argv[1])
-    result = {"fresh": observe(names), "no_site": sys.flags.no_site,
-              "hook_module": getattr(sys.modules.get("commdiag_nccl_hook"), "__file__", None),
-              "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None)}
-    ctx = multiprocessing.get_context("spawn")
-    recv, send = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=child, args=(send, names))
-    p.start()
-    send.close()
-    result["spawn child"] = recv.recv() if recv.poll(50) else None
-    p.join(10)
-    sys.stdout.write("\nCOMMDIAG-VERIFY " + json.dumps(result) + "\n")
-'''
-
-
-def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=()) -> dict:
-    """Run ``script`` (a file, so that spawn children can re-import it) in a fresh ``python``."""
-    with tempfile.TemporaryDirectory(prefix="commdiag-verify-") as tmp:
-        path = os.path.join(tmp, "commdiag_verify.py")
-        Path(path).write_text(script)
-        try:
-            cp = subprocess.run([python, *flags, path, *args], capture_output=True, text=True, env=env,
-                                timeout=VERIFY_TIMEOUT_S, stdin=subprocess.DEVNULL, cwd=tmp)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return {"error": f"{python} did not run: {e}"}
-    for line in reversed(cp.stdout.splitlines()):
-        if line.startswith("COMMDIAG-VERIFY "):
-            return json.loads(line[len("COMMDIAG-VERIFY "):])
-    tail = " | ".join((cp.stderr or cp.stdout).strip().splitlines()[-3:])
-    return {"error": f"{python} exited {cp.returncode} without a result: {tail or 'no output'}"}
-
-
-def _fresh_env(names) -> dict:
-    # The managed names are removed so that what arrives comes from the hook, not from this shell;
-    # no bytecode is written into the target's site-packages by this check.
-    env = {k: v for k, v in os.environ.items() if k not in names}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-def verify_python(python: str, settings: dict[str, str], *, override: bool = False) -> Verification:
-    """Start ``python`` fresh and a spawn child of it; do the values arrive (os.environ and getenv)?"""
-    names = list(settings)
-    seen = run_fresh(python, _VERIFY, [json.dumps(names)], env=_fresh_env(names))
-    if "error" in seen:
-        return Verification(False, seen["error"])
-    bad = []
-    for proc in ("fresh", "spawn child"):
-        got = seen.get(proc)
-        if got is None:
-            bad.append(f"{proc}: no answer")
-            continue
-        for n, v in settings.items():
-            if got[n]["environ"] != v or got[n]["getenv"] != v:
-                bad.append(f"{proc}: {n} is {got[n]['environ']!r} (getenv {got[n]['getenv']!r}), expected {v!r}")
-    if bad:
-        return Verification(False, f"a fresh {python} does NOT get the settings: " + "; ".join(bad), seen)
-    return Verification(True, f"a fresh {python} and a spawn child of it see all {len(names)} settings "
-                              "(os.environ and getenv)", seen)
-
-
 # --------------------------------------------------------------------------- uninstall
 
 def _select(manifest: dict, *, keys: set[str] | None) -> list[dict]:
@@ -515,7 +420,7 @@ def _keys(python: str | None, method: str, unit: str | None, conf: str | None) -
         exe = python or sys.executable
         keys.add(f"target:{exe}")  # the interpreter may be gone (a deleted venv): match the recorded path too
         try:
-            keys.add("python:" + _probe(python).prefix)
+            keys.add("python:" + probe_target(python).prefix)
         except CommdiagError:
             pass
     if unit:
@@ -555,162 +460,6 @@ def uninstall(*, python: str | None = None, method: str = "auto", systemd_unit: 
     return InstallResult(plan, False, sdir, render_plan(plan))
 
 
-# --------------------------------------------------------------------------- status
-
-@dataclass(frozen=True)
-class FileStatus:
-    path: str
-    state: str  # "as installed", "changed since install", "missing"
-
-
-@dataclass(frozen=True)
-class InstallStatus:
-    record: dict
-    files: tuple[FileStatus, ...]
-    matches_profile: bool | None  # None: no profile to compare with
-    profile_detail: str
-    loads: bool | None  # Python hook: does a fresh start of the target run it? None: not checked
-    why_not: tuple[str, ...] = ()
-    check_env: dict | None = None
-
-    @property
-    def ok(self) -> bool:
-        return (all(f.state == "as installed" for f in self.files) and self.matches_profile is not False
-                and self.loads is not False and (self.check_env is None or self.check_env.get("ok", True)))
-
-
-@dataclass(frozen=True)
-class StatusResult:
-    state_dirs: tuple[str, ...]
-    installs: tuple[InstallStatus, ...]
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.installs) and all(i.ok for i in self.installs)
-
-    def to_json(self) -> dict:
-        return {"format": "commdiag-hook-status", "version": 1, "ok": self.ok, "state_dirs": list(self.state_dirs),
-                "installs": [{"key": i.record["key"], "kind": i.record["kind"], "method": i.record["method"],
-                              "target": i.record.get("target"), "settings": i.record.get("settings"),
-                              "source": i.record.get("source"), "installed": i.record.get("installed"),
-                              "files": [{"path": f.path, "state": f.state} for f in i.files],
-                              "matches_profile": i.matches_profile, "profile_detail": i.profile_detail,
-                              "loads": i.loads, "why_not": list(i.why_not), "check_env": i.check_env}
-                             for i in self.installs]}
-
-
-_STATUS = _VERIFY.replace('if __name__ == "__main__":', 'def _unused():') + r'''
-if __name__ == "__main__":
-    names = json.loads(sys.argv[1])
-    result = {"no_site": sys.flags.no_site, "fresh": observe(names),
-              "hook_module": getattr(sys.modules.get("commdiag_nccl_hook"), "__file__", None),
-              "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None)}
-    try:
-        sys.path.insert(0, sys.argv[2])  # commdiag's own package, importable in any target interpreter
-        from commdiag import envcheck
-        result["check_env"] = envcheck.check_env(expect=json.loads(sys.argv[3])).to_json()
-    except Exception as e:
-        result["check_env"] = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
-    sys.stdout.write("\nCOMMDIAG-VERIFY " + json.dumps(result) + "\n")
-'''
-
-
-def _file_states(record: dict) -> tuple[FileStatus, ...]:
-    out = []
-    for f in record["files"]:
-        if f["role"] == hookplan.CACHE:
-            continue
-        cur = hookstate.read_state(f["path"])
-        if cur.kind == hookplan.ABSENT:
-            state = "missing"
-        elif hookplan._unchanged_since(cur, f):
-            state = "as installed"
-        else:
-            state = "changed since install"
-        out.append(FileStatus(f["shown"], state))
-    return tuple(out)
-
-
-def why_not_loaded(record: dict, hooks, fresh: dict, roots: Roots) -> list[str]:
-    """Reasons a fresh start of the target does not run the hook (empty when it does)."""
-    reasons = []
-    if hooks.hooks_disabled or fresh.get("no_site"):
-        off = [d for d in hooks.disabled_by if d in ("-S", "no site module")] or ["-S"]
-        reasons.append(f"site processing is off ({', '.join(off)}): no sitecustomize or .pth runs at all")
-        return reasons
-    hook_file = record.get("hook_file")
-    if record["method"] == "pth":
-        site_dir = record.get("site_dir")
-        if site_dir not in hooks.site_packages:
-            reasons.append(f"{site_dir} is not a site-packages directory of {hooks.executable} "
-                           f"(its site dirs: {', '.join(hooks.site_packages) or 'none'})")
-        elif not fresh.get("hook_module"):
-            reasons.append(f"{hook_file} did not run at start (missing, or changed since install)")
-    else:
-        loaded = fresh.get("sitecustomize")
-        if hooks.sitecustomize != hook_file:
-            reasons.append(f"{hook_file} is shadowed by {hooks.sitecustomize} (first on sys.path)"
-                           if hooks.sitecustomize else f"{hook_file} is not on {hooks.executable}'s sys.path")
-        elif loaded is None:
-            reasons.append(f"{hook_file} failed to import at start")
-    return reasons
-
-
-def _compare_profile(record: dict, expected: dict | None) -> tuple[bool | None, str]:
-    installed = record.get("settings") or {}
-    if expected is None:
-        src = record.get("source", "")
-        first = src.split(" + ")[0]
-        if first.endswith(".env") and os.path.isfile(first):
-            try:
-                expected = profile_mod.load(first).settings
-            except CommdiagError as e:
-                return None, f"cannot compare with {first}: {e}"
-            label = first
-        else:
-            return None, "no profile to compare with (give --from/--profile/--set)"
-    else:
-        label = "the given settings"
-    if installed == expected:
-        return True, f"matches {label}"
-    diff = [f"{k}: installed {installed.get(k)!r}, profile {expected.get(k)!r}"
-            for k in sorted(set(installed) | set(expected)) if installed.get(k) != expected.get(k)]
-    return False, f"differs from {label}: " + "; ".join(diff)
-
-
-def status(*, python: str | None = None, flags=(), root: str | None = None,
-           expected: dict[str, str] | None = None) -> StatusResult:
-    """What commdiag installed where, whether it matches, whether the target will load it now."""
-    roots = Roots(root)
-    dirs = [hookstate.state_dir(roots)]
-    if root is None and os.geteuid() != 0 and os.path.isdir("/var/lib/commdiag"):
-        dirs.append("/var/lib/commdiag")
-    records = [r for d in dirs for r in hookstate.load_manifest(d)["installs"]]
-    hooks = _probe(python, flags)
-    out = []
-    for r in records:
-        files = _file_states(r)
-        match, detail = _compare_profile(r, expected)
-        loads, why, check = None, [], None
-        if r["kind"] == "python" and r.get("prefix") == hooks.prefix:
-            if any(roots.is_rerooted(f["shown"]) for f in r["files"]):
-                why = [f"staged under --root {root}: the interpreter reads /, not the staged tree"]
-            else:
-                fresh = run_fresh(hooks.executable, _STATUS,
-                                  [json.dumps(list(r["settings"])), _PKG_PARENT, json.dumps(r["settings"])],
-                                  env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, flags=flags)
-                if "error" in fresh:
-                    loads, why = False, [fresh["error"]]
-                else:
-                    why = why_not_loaded(r, hooks, fresh, roots)
-                    loads = not why
-                    check = fresh.get("check_env")
-        elif r["kind"] == "python":
-            why = [f"for {r.get('target')}, not {hooks.executable} (use --python {r.get('target')})"]
-        out.append(InstallStatus(r, files, match, detail, loads, tuple(why), check))
-    return StatusResult(tuple(dirs), tuple(out))
-
-
 # --------------------------------------------------------------------------- rendering (the CLI prints these)
 
 def render_install(res: InstallResult) -> str:
@@ -730,30 +479,4 @@ def render_install(res: InstallResult) -> str:
     if res.plan.commands:
         lines.append("then run:")
         lines += [f"  {c}" for c in res.plan.commands]
-    return "\n".join(lines)
-
-
-def render_status(res: StatusResult) -> str:
-    if not res.installs:
-        return "no commdiag install recorded (manifests looked for in " + ", ".join(res.state_dirs) + ")"
-    lines = []
-    for i in res.installs:
-        r = i.record
-        lines.append(f"{r['kind']} {r.get('target')} [{r['method']}]: "
-                     + " ".join(f"{k}={v}" for k, v in (r.get("settings") or {}).items()))
-        lines.append(f"  source: {r.get('source')}; installed {r.get('installed')} by commdiag {r.get('commdiag')}")
-        lines += [f"  {f.path}: {f.state}" for f in i.files]
-        lines.append(f"  profile: {i.profile_detail}")
-        if i.loads is not None or i.why_not:
-            lines.append("  loads at start: " + ("yes" if i.loads else "NO") + "".join(f"; {w}" for w in i.why_not))
-        if i.check_env is not None:
-            if "error" in i.check_env:
-                lines.append(f"  check-env in a fresh process: could not run: {i.check_env['error']}")
-            else:
-                bad = [f"{v['name']} {v['status']}" for v in i.check_env.get("vars", [])
-                       if v.get("expected") is not None and v.get("status") not in ("ok", "from-conf")]
-                lines.append("  check-env in a fresh process: " + ("OK" if i.check_env.get("ok") else "FAIL")
-                             + (": " + ", ".join(bad) if bad else ""))
-        for c in r.get("commands", []):
-            lines.append(f"  after changes: {c}")
     return "\n".join(lines)
