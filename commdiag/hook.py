@@ -276,7 +276,8 @@ def nccl_conf_target(which: str, settings: Settings, *, override: bool, roots: R
     notes = [f"{path}: NCCL reads it at init in every process, Python or not; the process environment "
              "always wins over it" + (" (--override only puts commdiag's lines before the file's own)"
                                       if override else "; lines already in the file win over commdiag's")]
-    info = {"target": path, "settings": dict(settings.values), "source": settings.source, "hook_file": path}
+    info = {"target": path, "settings": dict(settings.values), "source": settings.source, "hook_file": path,
+            "override": override}
     return Target(f"nccl-conf:{path}", "nccl-conf", "block",
                   (Desired(roots.staged(path), path, BLOCK, block, at_top=override),), info, tuple(notes))
 
@@ -314,13 +315,9 @@ def _meta(settings: Settings, python: str | None, root: str | None) -> dict:
             "installed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "remove": remove}
 
 
-def _targets(req: Request, roots: Roots, meta: dict) -> tuple[list[Target], object | None]:
+def _targets(req: Request, roots: Roots, hooks, meta: dict) -> list[Target]:
     targets: list[Target] = []
-    hooks = None
-    if req.method != "none":
-        if req.method not in METHODS:
-            raise CommdiagError(f"--method: {req.method!r} is not one of {', '.join(METHODS)}")
-        hooks = probe_target(req.python)
+    if hooks is not None:
         targets.append(python_target(hooks, req.method, req.settings, override=req.override, roots=roots,
                                      sitecustomizes=sitecustomize_files(hooks, roots), meta=meta))
     if req.systemd_unit:
@@ -330,7 +327,22 @@ def _targets(req: Request, roots: Roots, meta: dict) -> tuple[list[Target], obje
         targets.append(nccl_conf_target(req.nccl_conf, req.settings, override=req.override, roots=roots, meta=meta))
     if not targets:
         raise CommdiagError("nothing to install into: --method none and neither --systemd nor --nccl-conf")
-    return targets, hooks
+    return targets
+
+
+def _plan(req: Request, roots: Roots, hooks, sdir: str) -> tuple[list[Target], Plan]:
+    """The install plan against the manifest and the files as they are now."""
+    records = {r["key"]: r for r in hookstate.load_manifest(sdir)["installs"]}
+    meta = _meta(req.settings, req.python, req.root)
+    targets = _targets(req, roots, hooks, meta)
+    same = [records.get(t.key) for t in targets]
+    if all(r is not None and r.get("settings") == req.settings.values and r.get("source") == req.settings.source
+           and r.get("override", req.override) == req.override and r.get("method") == t.method
+           for r, t in zip(same, targets)):
+        # The same install again: keep its date, so that the files are byte-identical and nothing changes.
+        meta["installed"] = min(r["installed"] for r in same)
+        targets = _targets(req, roots, hooks, meta)
+    return targets, hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
 
 
 def _survey(targets: list[Target], records: dict[str, dict]) -> dict:
@@ -368,18 +380,17 @@ def render_plan(plan: Plan) -> str:
 
 def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> InstallResult:
     roots = Roots(req.root)
-    meta = _meta(req.settings, req.python, req.root)
-    targets, hooks = _targets(req, roots, meta)
+    if req.method not in METHODS:
+        raise CommdiagError(f"--method: {req.method!r} is not one of {', '.join(METHODS)}")
+    hooks = probe_target(req.python) if req.method != "none" else None
     sdir = hookstate.state_dir(roots)
     if dry_run:
-        records = {r["key"]: r for r in hookstate.load_manifest(sdir)["installs"]}
-        plan = hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
+        targets, plan = _plan(req, roots, hooks, sdir)
         return InstallResult(plan, True, sdir, render_plan(plan), warnings=req.settings.warnings)
     with hookstate.locked(sdir) as state_created:
         committed = Plan("install", (), (), (), (), ())  # on any error: no record (apply rolled back)
         try:
-            records = {r["key"]: r for r in hookstate.load_manifest(sdir)["installs"]}
-            plan = hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
+            targets, plan = _plan(req, roots, hooks, sdir)
             created = hookstate.apply(plan, roots)
             committed = plan = _with_created_dirs(plan, created)
         finally:

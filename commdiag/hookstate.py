@@ -243,10 +243,15 @@ def _makedirs(d: str) -> list[str]:
     while d and not os.path.isdir(d):
         missing.append(d)
         d = posixpath.dirname(d)
+    created = []
     for m in reversed(missing):
-        os.mkdir(m, DIR_MODE)
+        try:
+            os.mkdir(m, DIR_MODE)
+        except FileExistsError:
+            continue  # another install created it in between (the state directory is made before the lock)
         os.chmod(m, DIR_MODE)  # not subject to the umask
-    return missing[::-1]
+        created.append(m)
+    return created
 
 
 def preflight(plan: Plan, roots: Roots) -> None:

@@ -147,6 +147,9 @@ def test_debian_venv_own_sitecustomize_is_shadowed_so_pth_is_used(root, tmp_path
     assert "verify: OK" in cp.stdout
     assert sees(venv / "bin/python") == ARRIVED
     assert (sp / "sitecustomize.py").read_text().startswith("import os\n")  # untouched
+    installed = tree(root)
+    cp = cli("--python", str(venv / "bin/python"), "--root", str(root), *SETS, check=0)  # the same again
+    assert "nothing to change: already in place" in cp.stdout and tree(root) == installed
     # --method sitecustomize for this venv would edit a file every python3.11 loads: falls back to pth
     cp = cli("--python", str(venv / "bin/python"), "--root", str(root), "--method", "sitecustomize", *SETS, check=0)
     assert "installing with the .pth method instead" in cp.stdout
