@@ -140,11 +140,13 @@ def figures(data: results.RunData, verdicts: stats.Verdicts, medians: list[stats
                      "layout": _layout(f"Bus bandwidth vs size, {mode} mode",
                                        _axis("size per rank (bytes)"), _axis("busbw (GB/s)", log=False))})
         figs.append(_heatmap(verdicts, mode, configs, tokens_by_size))
-    if "graph" in verdicts.modes and "eager" in verdicts.modes:
+    for graph_mode, eager_mode, via in (("graph", "eager", "torch"), ("graph-direct", "eager-direct", "nccl-direct")):
+        if graph_mode not in verdicts.modes or eager_mode not in verdicts.modes:
+            continue
         over = []
         for c in configs:
-            g = {int(r.size_bytes): r.median_us for r in rows.get(("graph", c), [])}
-            e = {int(r.size_bytes): r.median_us for r in rows.get(("eager", c), [])}
+            g = {int(r.size_bytes): r.median_us for r in rows.get((graph_mode, c), [])}
+            e = {int(r.size_bytes): r.median_us for r in rows.get((eager_mode, c), [])}
             xs = sorted(set(g) & set(e))
             if xs:
                 over.append({"type": "scatter", "mode": "lines+markers", "name": esc(c), "x": xs,
@@ -152,9 +154,11 @@ def figures(data: results.RunData, verdicts: stats.Verdicts, medians: list[stats
                              "customdata": [[g[s], e[s]] for s in xs],
                              "hovertemplate": esc(c) + "<br>%{x} B: eager %{customdata[1]:.2f} us - graph "
                                               "%{customdata[0]:.2f} us = %{y:.2f} us<extra></extra>"})
-        figs.append({"id": "graph-vs-eager", "title": "Graph vs eager", "data": over,
-                     "layout": _layout("Eager minus graph time per all-reduce: the launch overhead without CUDA graphs",
-                                       _axis("size per rank (bytes)"), _axis("eager - graph (us)", log=False))})
+        suffix = "" if via == "torch" else "-direct"
+        figs.append({"id": f"graph-vs-eager{suffix}", "title": f"Graph vs eager (via {via})", "data": over,
+                     "layout": _layout(f"Eager minus graph time per all-reduce via {via}: the launch overhead "
+                                       "without CUDA graphs", _axis("size per rank (bytes)"),
+                                       _axis("eager - graph (us)", log=False))})
     return figs
 
 
@@ -351,6 +355,10 @@ def build_html(data: results.RunData, verdicts: stats.Verdicts, medians: list[st
                          for l in bad], raw_cells=True))
     else:
         b.append("<p>None.</p>")
+    b.append("<h2>What NCCL chose (explain)</h2>")
+    b.append(_explain_section(run, tokens_by_size))
+    b.append("<h2>Launch overhead</h2>")
+    b.append(_overhead_section(run))
     b.append("<h2>What each rank saw, and what NCCL applied</h2>")
     b.append(f"<p>{esc(run.get('nccl_debug'))}</p>")
     b.append(_confirmations(run))
@@ -366,6 +374,49 @@ def build_html(data: results.RunData, verdicts: stats.Verdicts, medians: list[st
     b.append(f"<pre>{esc(json.dumps(run.get('spec_given', spec), indent=1))}</pre>")
     b.append(f"<p><small>commdiag {esc(__version__)}</small></p>")
     return page(f"commdiag report: {spec.get('name')}", "\n".join(b), figs)
+
+
+def _explain_section(run: dict, tokens_by_size: dict) -> str:
+    ex = run.get("explain")
+    if not ex:
+        return ("<p>Not recorded. <code>commdiag explain RUN_DIR</code> (or <code>sweep --explain</code>) adds one "
+                "untimed launch per config with NCCL's TUNING log, to show the algorithm, protocol and channels "
+                "NCCL used at each size.</p>")
+    names = list(ex.get("configs", {}))
+    rows = []
+    for size in sorted(tokens_by_size):
+        cells = [size_label(size, tokens_by_size[size])]
+        for n in names:
+            entry = ex["configs"][n]
+            ch = entry.get("sizes", {}).get(str(size))
+            cells.append(f"{ch['algo']}/{ch['proto']}/{ch['channels'] if ch.get('channels') is not None else '?'}"
+                         if ch else entry.get("status", "?"))
+        rows.append(cells)
+    out = [f"<p>NCCL {esc(ex.get('nccl_version') or '?')}, per all-reduce: algorithm/protocol/channels.</p>",
+           _table(["size"] + names, rows)]
+    notes = ex.get("notes", [])
+    if notes:
+        out.append("<ul>" + "".join(f"<li><b>{esc(n['config'])}</b>: {esc(n['text'])}</li>" for n in notes) + "</ul>")
+    return "\n".join(out)
+
+
+def _overhead_section(run: dict) -> str:
+    """Per launch: wall time, time spent measuring, and the rest (torchrun start, init, teardown)."""
+    done = [l for l in run.get("launches", []) if l.get("overhead_s") is not None]
+    if not done:
+        return "<p>Not recorded for this run.</p>"
+    def q(vals, f):
+        vals = sorted(vals)
+        return vals[min(len(vals) - 1, int(f * len(vals)))]
+    walls = [l["wall_s"] for l in done]
+    over = [l["overhead_s"] for l in done]
+    inits = [r.get("init_s", 0.0) for l in done for r in l.get("ranks", [])]
+    rows = [["wall per launch", f"{q(walls, 0.5):.2f}", f"{min(walls):.2f}", f"{max(walls):.2f}"],
+            ["overhead per launch (wall - measuring)", f"{q(over, 0.5):.2f}", f"{min(over):.2f}", f"{max(over):.2f}"]]
+    if inits:
+        rows.append(["process-group init per rank", f"{q(inits, 0.5):.2f}", f"{min(inits):.2f}", f"{max(inits):.2f}"])
+    return (f"<p>{len(done)} launches; seconds.</p>"
+            + _table(["", "median", "min", "max"], rows))
 
 
 # ---------------------------------------------------------------- entry points

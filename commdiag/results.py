@@ -197,10 +197,12 @@ def load_run(run_dir: str | Path) -> RunData:
 
     run_dir = Path(run_dir)
     run = load_run_json(run_dir)
-    if not (run_dir / "samples.csv").exists() or not (run_dir / "summary.csv").exists():
+    # Archived runs (benchmarks/) may keep samples gzipped and no launch folders.
+    samples_path = next((p for p in (run_dir / "samples.csv", run_dir / "samples.csv.gz") if p.exists()), None)
+    if samples_path is None or not (run_dir / "summary.csv").exists():
         samples, summary = assemble(run_dir, run)
     else:
-        samples = pd.read_csv(run_dir / "samples.csv", dtype={"tokens": "Int64"})
+        samples = pd.read_csv(samples_path, dtype={"tokens": "Int64"})
         summary = pd.read_csv(run_dir / "summary.csv", dtype={"tokens": "Int64"})
         for df in (samples, summary):  # version 1 folders: everything went through torch
             if "via" not in df.columns:

@@ -34,7 +34,7 @@ def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "busbw" in proc.stdout and "ETA" in proc.stderr
     run = read_run(out)
-    assert run["format"] == "commdiag-run" and run["version"] == 1 and run["state"] == "complete"
+    assert run["format"] == "commdiag-run" and run["version"] == 2 and run["state"] == "complete"
     assert [l["status"] for l in run["launches"]] == ["ok"] * 4
     # interleaved: each round runs both configs once
     assert sorted(l["config"] for l in run["launches"][:2]) == ["default", "ll"]
@@ -42,7 +42,9 @@ def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
         rows = list(csv.DictReader(f))
     # 4 launches x 2 sizes x 1 mode (eager) x 5 iterations
     assert len(rows) == 4 * 2 * 5
-    assert set(rows[0]) == {"config", "trial", "launch", "size_bytes", "tokens", "mode", "iteration", "time_us", "enqueue_us"}
+    assert set(rows[0]) == {"config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
+                            "enqueue_us"}
+    assert {r["via"] for r in rows} == {"torch"}
     assert all(float(r["time_us"]) > 0 for r in rows)
     with open(out / "summary.csv") as f:
         summary = list(csv.DictReader(f))
