@@ -211,7 +211,7 @@ def python_target(hooks, requested: str, settings: Settings, *, override: bool, 
                             module=hooktext.HOOK_MODULE),
                     Desired(roots.staged(pth), pth, OWNED, hooktext.PTH_LINE)]
         reads = hooks.pth_reads.get(pth) or (2 if hooks.in_venv else 1)
-        notes.append(f"installed {pth} (one line: import {hooktext.HOOK_MODULE}) and {module}; site.py reads "
+        notes.append(f"hook: {pth} (one line: import {hooktext.HOOK_MODULE}) and {module}; site.py reads "
                      f"the .pth {reads} time(s) per start, the hook is idempotent")
         info["hook_file"] = module
     elif method == "sitecustomize":
@@ -221,7 +221,7 @@ def python_target(hooks, requested: str, settings: Settings, *, override: bool, 
             path = posixpath.join(sp, "sitecustomize.py")
             desired.append(Desired(roots.staged(path), path, BLOCK, text, import_dir=roots.staged(sp),
                                    module="sitecustomize"))
-            notes.append(f"created {path} holding only commdiag's marked block")
+            notes.append(f"creates {path} holding only commdiag's marked block")
             info["hook_file"] = path
         else:
             real = roots.resolve(sitecustomize)
@@ -232,7 +232,7 @@ def python_target(hooks, requested: str, settings: Settings, *, override: bool, 
             desired.append(Desired(real, shown, BLOCK, text, import_dir=roots.staged(posixpath.dirname(sitecustomize)),
                                    module="sitecustomize"))
             via = f" (the file the symlink {sitecustomize} points to; the link is kept)" if shown != sitecustomize else ""
-            notes.append(f"appended a marked, removable commdiag block to {shown}{via}; the rest of the file is "
+            notes.append(f"appends a marked, removable commdiag block to {shown}{via}; the rest of the file is "
                          "unchanged; the block applies only when sys.prefix is " + prefix)
             info["hook_file"] = sitecustomize
     info["site_dir"] = sp
