@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU runs recorded in benchmarks/, as sent to a lent 2-GPU machine (device tool):
+#   bash benchmarks/gpu_run.sh sweep   # nvlink2.yaml as shipped, with --explain        (~8 min)
+#   bash benchmarks/gpu_run.sh rest    # A/A + seed, fidelity, detect/doctor/check-env  (~6 min)
+# Each step leaves one tarball per run folder in $OUT (the raw per-launch folders stay behind).
+# NVLink multicast stays off everywhere: never sweep NVLS on shared machines.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+if [ -d .whl ]; then  # plotly is not installed there: carried wheels
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+cd_ok() { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version())'; }
+pack() {  # pack RUN_DIR NAME: run.json, csvs, report, explain logs; not the raw launch folders
+  (cd "$1" && gzip -kf samples.csv && tar czf "$OUT/$2.tgz" run.json summary.csv samples.csv.gz report.html profile*.env 2>/dev/null)
+  ls -la "$OUT/$2.tgz"
+}
+case "${1:-}" in
+  sweep)
+    cd_ok
+    start=$(date +%s)
+    timeout 560 python3 -m commdiag.cli sweep sweeps/nvlink2.yaml --explain --out /tmp/nvlink2 > "$OUT/nvlink2-console.txt" 2> "$OUT/nvlink2-progress.txt"
+    echo "rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/nvlink2-console.txt"
+    tail -5 "$OUT/nvlink2-progress.txt"; tail -40 "$OUT/nvlink2-console.txt"
+    pack /tmp/nvlink2 nvlink2
+    ;;
+  rest)
+    cd_ok
+    start=$(date +%s)
+    timeout 300 python3 -m commdiag.cli sweep sweeps/nvlink2-aa.yaml --out /tmp/aa > "$OUT/aa-console.txt" 2> "$OUT/aa-progress.txt"
+    echo "aa rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/aa-console.txt"
+    tail -25 "$OUT/aa-console.txt"
+    pack /tmp/aa nvlink2-aa
+    timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node=2 benchmarks/fidelity.py --out "$OUT/fidelity.json" 2>&1 | grep -v -i warn | tee "$OUT/fidelity.txt"
+    {
+      nvidia-smi topo -m > /tmp/diag-topo.txt
+      python3 -m commdiag.cli detect --json > /tmp/detect.json; echo "detect rc=$?"
+      python3 -m commdiag.cli detect > /tmp/detect.txt
+      python3 -m commdiag.cli doctor > /tmp/doctor.txt; echo "doctor rc=$?" >> /tmp/doctor.txt
+      NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=16 timeout 120 python3 -m commdiag.cli check-env --nccl --expect NCCL_PROTO=LL --expect NCCL_ALGO=Ring --expect NCCL_MAX_NCHANNELS=16 --json > /tmp/check-env-nccl.json; echo "check-env --nccl rc=$? (expect 0)"
+      NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=16 timeout 120 python3 -m commdiag.cli check-env --nccl --expect NCCL_PROTO=LL --expect NCCL_ALGO=Ring --expect NCCL_MAX_NCHANNELS=16 > /tmp/check-env-nccl.txt
+      NCCL_PROTO=Simple timeout 120 python3 -m commdiag.cli check-env --nccl --expect NCCL_PROTO=LL > /tmp/check-env-nccl-mismatch.txt; echo "mismatch rc=$? (expect 1)"
+      NCCL_PROTO=LL timeout 120 python3 -m commdiag.cli check-env --propagation --expect NCCL_PROTO=LL --json > /tmp/propagation.json; echo "propagation rc=$?"
+    } > /tmp/diag-rc.txt 2>&1
+    cat /tmp/diag-rc.txt; head -30 /tmp/detect.txt; cat /tmp/check-env-nccl.txt /tmp/doctor.txt | head -60
+    (cd /tmp && tar czf "$OUT/diagnostics.tgz" diag-topo.txt detect.json detect.txt doctor.txt check-env-nccl.json check-env-nccl.txt check-env-nccl-mismatch.txt propagation.json diag-rc.txt)
+    ;;
+  *) echo "usage: $0 sweep|rest"; exit 2;;
+esac
