@@ -43,6 +43,8 @@ class Verification:
 
 # --------------------------------------------------------------------------- verification
 
+# Runs inside the target interpreter, which may not have commdiag (or anything) installed: stdlib only,
+# so it reads getenv through ctypes itself rather than through commdiag.metadata.
 _VERIFY = r'''
 import ctypes, json, multiprocessing, os, sys
 
