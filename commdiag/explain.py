@@ -103,13 +103,10 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
         plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0, "iters": 0,
                 "batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
                 "out_dir": str(folder.resolve()), "config": config["name"], "nccl_debug_file": None}
-        results.write_json(folder / "plan.json", plan)
-        marker = launcher.new_marker()
-        envs = launcher.launch_env(base_env, config["env"], {**debug, launcher.MARKER: marker})
-        argv = launcher.torchrun_argv(run["nproc_per_node"], spec.nnodes, spec.rdzv_endpoint,
-                                      f"commdiag-explain-{spec.name}-{run['seed']}-{n}", spec.timeout_s,
-                                      folder / "plan.json")
-        outcome = launcher.run(argv, envs, folder / "torchrun.log", spec.timeout_s)
+        outcome, _ = launcher.launch_worker(
+            folder, plan, base_env=base_env, config_env=config["env"], extra_env=debug,
+            nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
+            rdzv_id=f"commdiag-explain-{spec.name}-{run['seed']}-{n}", deadline_s=spec.timeout_s)
         text = "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("nccl.*.log")))
         entry = {"status": "ok", "error": None, "sizes": choices_by_size(text, sizes)}
         procs = ncclog.parse(text)

@@ -81,6 +81,19 @@ def run(argv: list[str], env: dict[str, str], log_path: Path, deadline_s: float)
                          interrupted)
 
 
+def launch_worker(folder: Path, plan: dict, *, base_env: dict[str, str], config_env: dict[str, str],
+                  extra_env: dict[str, str], nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id: str,
+                  deadline_s: float) -> tuple[LaunchOutcome, str]:
+    """Write ``plan.json`` into ``folder`` and run the worker under torchrun; returns (outcome, marker)."""
+    from .atomic import write_json
+
+    write_json(folder / "plan.json", plan)
+    marker = new_marker()
+    env = launch_env(base_env, config_env, {**extra_env, MARKER: marker})
+    argv = torchrun_argv(nproc, nnodes, rdzv_endpoint, rdzv_id, deadline_s, folder / "plan.json")
+    return run(argv, env, folder / "torchrun.log", deadline_s), marker
+
+
 def _terminate_group(proc: subprocess.Popen) -> None:
     for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
         try:

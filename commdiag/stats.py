@@ -328,6 +328,19 @@ def _more_launches(d: float, var_c: float, var_d: float, k: int, noise: Noise, u
     return MAX_MORE + 1
 
 
+def _decide(d: float, half_width: float, min_effect: float, more_launches):
+    """ratio, lo, hi, verdict, more_launches from a log difference ``d`` and its interval half-width."""
+    ratio, lo, hi = math.exp(d), _exp(d - half_width), _exp(d + half_width)
+    effect = math.log1p(min_effect)
+    if hi < 1.0 and d <= -effect:
+        return ratio, lo, hi, FASTER, None
+    if lo > 1.0 and d >= effect:
+        return ratio, lo, hi, SLOWER, None
+    if abs(d) >= effect and lo <= 1.0 <= hi:
+        return ratio, lo, hi, INCONCLUSIVE, more_launches()
+    return ratio, lo, hi, SAME, None
+
+
 def compare_logs(xs: list[float], ys: list[float], noise: Noise, upper: float,
                  min_effect: float = MIN_EFFECT) -> tuple[float | None, float | None, float | None, str, int | None]:
     """ratio, lo, hi, verdict, more_launches for x = ln(config times) vs y = ln(default times).
@@ -344,16 +357,8 @@ def compare_logs(xs: list[float], ys: list[float], noise: Noise, upper: float,
     t = t_quantile(upper, noise.df)
     if not math.isfinite(t):
         return ratio, None, None, INCONCLUSIVE, None
-    lo, hi = _exp(d - t * se), _exp(d + t * se)
-    effect = math.log1p(min_effect)
-    if hi < 1.0 and d <= -effect:
-        return ratio, lo, hi, FASTER, None
-    if lo > 1.0 and d >= effect:
-        return ratio, lo, hi, SLOWER, None
-    if abs(d) >= effect and lo <= 1.0 <= hi:
-        k = min(len(xs), len(ys))
-        return ratio, lo, hi, INCONCLUSIVE, _more_launches(d, var_c, var_d, k, noise, upper)
-    return ratio, lo, hi, SAME, None
+    more = lambda: _more_launches(d, var_c, var_d, min(len(xs), len(ys)), noise, upper)  # noqa: E731
+    return _decide(d, t * se, min_effect, more)
 
 
 def compare_independent(xs: list[float], noise_x: Noise, ys: list[float], noise_y: Noise, upper: float,
@@ -375,17 +380,9 @@ def compare_independent(xs: list[float], noise_x: Noise, ys: list[float], noise_
     t = t_quantile(upper, df)
     if not math.isfinite(t):
         return ratio, None, None, INCONCLUSIVE, None
-    lo, hi = _exp(d - t * se), _exp(d + t * se)
-    effect = math.log1p(min_effect)
-    if hi < 1.0 and d <= -effect:
-        return ratio, lo, hi, FASTER, None
-    if lo > 1.0 and d >= effect:
-        return ratio, lo, hi, SLOWER, None
-    if abs(d) >= effect and lo <= 1.0 <= hi:
-        k = min(len(xs), len(ys))
-        merged = Noise(max(noise_x.var or 0.0, noise_y.var or 0.0), int(df), max(noise_x.configs, noise_y.configs))
-        return ratio, lo, hi, INCONCLUSIVE, _more_launches(d, va * len(xs), vb * len(ys), k, merged, upper)
-    return ratio, lo, hi, SAME, None
+    merged = Noise(max(noise_x.var or 0.0, noise_y.var or 0.0), int(df), max(noise_x.configs, noise_y.configs))
+    more = lambda: _more_launches(d, va * len(xs), vb * len(ys), min(len(xs), len(ys)), merged, upper)  # noqa: E731
+    return _decide(d, t * se, min_effect, more)
 
 
 def evaluate(medians: list[LaunchMedian], *, configs: list[str], modes: list[str],

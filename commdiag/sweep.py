@@ -195,15 +195,11 @@ def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict
         "out_dir": str(folder.resolve()), "config": config["name"], "launch": launch["index"],
         "nccl_debug_file": debug_env.get("NCCL_DEBUG_FILE"),
     }
-    results.write_json(folder / "plan.json", plan)
-    marker = launcher.new_marker()
-    env = launcher.launch_env(base_env, config["env"], {**debug_env, launcher.MARKER: marker})
-    argv = launcher.torchrun_argv(run["nproc_per_node"], spec.nnodes, spec.rdzv_endpoint,
-                                  f"commdiag-{spec.name}-{run['seed']}-{launch['index']}", spec.timeout_s,
-                                  folder / "plan.json")
     launch["started_utc"] = _utc()
-    launch["marker"] = marker  # COMMDIAG_LAUNCH_ID: find any process of this launch
-    outcome = launcher.run(argv, env, folder / "torchrun.log", spec.timeout_s)
+    outcome, launch["marker"] = launcher.launch_worker(  # marker: COMMDIAG_LAUNCH_ID of this launch's processes
+        folder, plan, base_env=base_env, config_env=config["env"], extra_env=debug_env,
+        nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
+        rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{launch['index']}", deadline_s=spec.timeout_s)
     if outcome.interrupted:
         return outcome
     result = results.read_launch_result(run_dir, launch["index"])
