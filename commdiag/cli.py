@@ -210,7 +210,7 @@ def _var_line(v) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, as_json):
     """Did the NCCL settings arrive in this process (os.environ and libc getenv)? Exit 1 if not."""
-    from . import envcheck
+    from . import envcheck, propagation as propagation_mod
 
     expect = envcheck.parse_assignments(expects)
     if nccl:
@@ -233,7 +233,7 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
                            if c.exists else f" config {c.path}: absent")
         sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
     if propagation:
-        r = envcheck.check_propagation(expect, profile=profile_path, torchrun=not no_torchrun)
+        r = propagation_mod.check_propagation(expect, profile=profile_path, torchrun=not no_torchrun)
         if as_json:
             click.echo(_envelope("check-env-propagation", r.to_json()))
         else:

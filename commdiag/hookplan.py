@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import posixpath
 from dataclasses import dataclass, field, replace
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
 
 from commdiag import compare, results, stats
 from conftest import run_cli

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import envcheck, profile
+from commdiag import envcheck, profile, propagation
 from conftest import REPO
 
 FIX = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
@@ -131,20 +131,20 @@ def test_propagation_through_every_start_method():
         return paths[path]["vars"][var][where]
 
     for p in paths:
-        assert seen(p, "NCCL_PROTO") == "LL" and seen(p, envcheck.EARLY_VAR) == "1"
+        assert seen(p, "NCCL_PROTO") == "LL" and seen(p, propagation.EARLY_VAR) == "1"
     # the late change: set after each mechanism started
-    late = {p: seen(p, envcheck.LATE_VAR) for p in paths if p != "this process"}
+    late = {p: seen(p, propagation.LATE_VAR) for p in paths if p != "this process"}
     assert late == {"multiprocessing fork": "multiprocessing-fork", "multiprocessing spawn": "multiprocessing-spawn",
                     "multiprocessing forkserver": None, "subprocess env=None": "subprocess-env=None",
                     "subprocess env=os.environ.copy()": None, "torchrun worker": None,
                     "spawn grandchild of a torchrun worker": None}
     # os.putenv only: C environment travels through exec (spawn, env=None, torchrun) but not through a copy of
     # os.environ; a fork child's os.environ lacks it while its getenv has it
-    assert seen("multiprocessing fork", envcheck.PUTENV_VAR, "environ") is None
-    assert seen("multiprocessing fork", envcheck.PUTENV_VAR) == "1"
-    assert seen("multiprocessing spawn", envcheck.PUTENV_VAR, "environ") == "1"
-    assert seen("subprocess env=os.environ.copy()", envcheck.PUTENV_VAR) is None
-    assert seen("spawn grandchild of a torchrun worker", envcheck.PUTENV_VAR) == "1"
+    assert seen("multiprocessing fork", propagation.PUTENV_VAR, "environ") is None
+    assert seen("multiprocessing fork", propagation.PUTENV_VAR) == "1"
+    assert seen("multiprocessing spawn", propagation.PUTENV_VAR, "environ") == "1"
+    assert seen("subprocess env=os.environ.copy()", propagation.PUTENV_VAR) is None
+    assert seen("spawn grandchild of a torchrun worker", propagation.PUTENV_VAR) == "1"
 
 
 def test_propagation_reports_a_variable_the_parent_lacks():
