@@ -62,6 +62,7 @@ def parse(text: str, origin: str = "<profile>") -> Profile:
     if version > PROFILE_VERSION:
         raise CommdiagError(f"{origin}: line 1: profile version {version} is newer than this commdiag ({PROFILE_VERSION}); upgrade commdiag")
     settings: dict[str, str] = {}
+    first_line: dict[str, int] = {}
     meta: dict[str, str] = {}
     for n, line in enumerate(lines[1:], start=2):
         stripped = line.strip()
@@ -83,7 +84,11 @@ def parse(text: str, origin: str = "<profile>") -> Profile:
         error, _ = ncclvars.check_setting(name, value)
         if error:
             raise CommdiagError(f"{origin}: line {n}: {name}: {error}")
+        if name in settings:  # a shell keeps the last, NCCL's conf reader the first: refuse to guess
+            raise CommdiagError(f"{origin}: line {n}: {name}: set twice (first on line {first_line[name]}); "
+                                f"keep one line per variable")
         settings[name] = value
+        first_line[name] = n
     return Profile(settings, meta)
 
 
@@ -92,4 +97,6 @@ def load(path: str | Path) -> Profile:
         text = Path(path).read_text()
     except OSError as e:
         raise CommdiagError(f"{path}: cannot read profile: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise CommdiagError(f"{path}: not a commdiag profile: byte {e.start} is not UTF-8 text") from None
     return parse(text, str(path))

@@ -55,6 +55,18 @@ def test_profile_is_an_expectation(tmp_path):
     assert cp.returncode == 1 and "NCCL_NTHREADS" in cp.stdout
 
 
+def test_unreadable_or_ambiguous_profile_is_one_usage_error(tmp_path):
+    binary = tmp_path / "binary.env"
+    binary.write_bytes(b"\xff\xfe# commdiag-profile 1\n")
+    cp = cli("check-env", "--profile", str(binary), env=clean_env())
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert cp.stderr.count("\n") == 1 and str(binary) in cp.stderr and "UTF-8" in cp.stderr
+    dup = tmp_path / "dup.env"
+    dup.write_text("# commdiag-profile 1\nNCCL_PROTO=LL\nNCCL_PROTO=Simple\n")
+    cp = cli("check-env", "--profile", str(dup), env=clean_env(NCCL_PROTO="Simple"))
+    assert cp.returncode == 2 and f"{dup}: line 3: NCCL_PROTO" in cp.stderr and "line 2" in cp.stderr, cp.stderr
+
+
 def test_bad_expectation_is_a_usage_error():
     cp = cli("check-env", "--expect", "NCCL_PROTO=LX", env=clean_env())
     assert cp.returncode == 2 and "NCCL_PROTO=LX" in cp.stderr and "LL128" in cp.stderr
