@@ -69,6 +69,10 @@ def sweep(spec_file, sets, out, resume, as_json, explain):
 
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
+    if resume is not None and (spec_file is not None or sets or out is not None):
+        # the run folder holds its spec; anything given beside it would be silently ignored
+        raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "
+                               "do not give a SPEC_FILE, --set or --out with it")
     spec = None
     if resume is None:
         spec = spec_mod.load_spec(spec_file, sets)

@@ -163,6 +163,18 @@ def test_bad_spec_exits_2_before_any_launch(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_resume_refuses_a_spec_set_or_out_it_would_ignore(tmp_path):
+    # --resume continues the run's recorded spec; a SPEC, --set or --out beside it used to be dropped silently
+    spec = write_spec(tmp_path / "s.yaml")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for extra in ([spec], ["--set", "trials=5"], ["--out", tmp_path / "other"]):
+        proc = run_cli("sweep", *extra, "--resume", folder)
+        assert proc.returncode == 2, (extra, proc.stderr)
+        assert "--resume" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "other").exists()
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux /proc")
 def test_marked_pids_finds_a_marked_child():
     marker = launcher.new_marker()
