@@ -290,6 +290,7 @@ def detect(pythons, nvml_replay, as_json):
 
     d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay))
     click.echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d))
+    sys.exit(errors.EXIT_OK if d.ok else errors.EXIT_CHECK_FAILED)
 
 
 @main.command()

@@ -45,6 +45,11 @@ class Detection:
     nvml_readings: dict | None = None  # what topology was computed from: a recording, replayable
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def ok(self) -> bool:
+        """Every interpreter asked for was probed (no GPU is not a problem: detect says so and goes on)."""
+        return not any(p.error for p in self.pythons)
+
     def to_json(self) -> dict:
         return {"pythons": [p.to_json() for p in self.pythons], "topology": self.topology.to_json(),
                 "versions": self.versions, "nvml_readings": self.nvml_readings, "notes": self.notes}

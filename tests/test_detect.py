@@ -92,6 +92,15 @@ def test_no_driver_path_for_real():
     assert out["pythons"][0]["hooks"]["executable"] and out["nvml_readings"] is None
 
 
+def test_detect_exits_1_when_an_interpreter_cannot_be_probed(tmp_path):
+    # README "Exit codes": detect exits 1 when a check ran and found a problem (doctor already did)
+    cp = cli("detect", "--python", tmp_path / "no-such-python")
+    assert cp.returncode == 1, cp.stdout
+    assert f"{tmp_path / 'no-such-python'}: no such interpreter" in cp.stdout
+    cp = cli("detect", "--json", "--python", tmp_path / "no-such-python")
+    assert cp.returncode == 1 and json.loads(cp.stdout)["pythons"][1]["error"]
+
+
 @pytest.mark.skipif(not os.path.exists(DEBIAN_PY), reason="needs Debian's python3.11")
 def test_detect_and_doctor_report_a_shadowed_venv_sitecustomize(tmp_path):
     subprocess.run([DEBIAN_PY, "-m", "venv", "--without-pip", str(tmp_path / "v")], check=True, timeout=120)
