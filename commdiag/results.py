@@ -63,13 +63,17 @@ def load_run_json(run_dir: str | Path) -> dict:
         raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag run folder?") from None
     except (OSError, ValueError) as e:
         raise CommdiagError(f"{path}: cannot read: {e}") from None
-    if run.get("format") != RUN_FORMAT:
-        raise CommdiagError(f"{path}: format: {run.get('format')!r} is not a commdiag run ({RUN_FORMAT!r})")
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        found = run.get("format") if isinstance(run, dict) else type(run).__name__
+        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag run ({RUN_FORMAT!r})")
     version = run.get("version")
     if not isinstance(version, int) or version < 1 or version > RUN_FORMAT_VERSION:
         raise CommdiagError(
             f"{path}: version: {version!r} is newer than this commdiag understands "
             f"(<= {RUN_FORMAT_VERSION}); upgrade commdiag to read it")
+    missing = [k for k in ("spec", "configs", "launches") if not isinstance(run.get(k), (dict, list))]
+    if missing:
+        raise CommdiagError(f"{path}: {', '.join(missing)}: missing; the file is truncated or was not written by commdiag")
     return run
 
 

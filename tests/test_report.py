@@ -203,6 +203,18 @@ def test_publish_writes_a_loadable_profile_for_a_clear_winner_and_removes_it_whe
     assert not list(run_dir.glob("profile*.env"))
 
 
+@pytest.mark.parametrize("text,expected", [
+    ("[]", "not a commdiag run"),
+    ('{"format": "commdiag-run", "version": 2}', "spec"),
+])
+def test_report_of_a_damaged_run_json_is_one_usage_error(tmp_path, text, expected):
+    (tmp_path / "run.json").write_text(text)
+    for cmd in (["report", tmp_path], ["compare", tmp_path, tmp_path]):
+        proc = run_cli(*cmd)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.startswith(f"commdiag: error: {tmp_path / 'run.json'}: ") and expected in proc.stderr
+
+
 def test_verdict_table_text_names_every_comparison():
     v = stats.evaluate_run(results.load_run(FIXTURES / "cpu-aa-b"))
     text = report.render_verdicts(v)
