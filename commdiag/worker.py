@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -246,7 +247,7 @@ def _capture(torch, path, buf, count: int, replay_stream: str, warm: bool = True
 def _auto_batch(plan, one_call_us: float) -> int:
     if plan.get("batch", "auto") != "auto":
         return int(plan["batch"])
-    return max(1, min(MAX_BATCH, -(-int(plan.get("window_us", 500)) // max(one_call_us, 0.01))))
+    return max(1, min(MAX_BATCH, math.ceil(float(plan.get("window_us", 500)) / max(one_call_us, 0.01))))
 
 
 def _window_us(torch, stream, fn, reps: int) -> float:

@@ -79,3 +79,13 @@ def test_vias_default_and_validation(tmp_path):
     assert nccl.vias == ("torch", "nccl-direct") and nccl.replay_stream == "side"
     with pytest.raises(SpecError, match="side, default"):
         load_spec(write_spec(tmp_path / "r.yaml", replay_stream="main"))
+
+
+def test_auto_batch_fills_the_window_with_an_integer_count():
+    from commdiag.worker import MAX_BATCH, _auto_batch
+
+    plan = {"batch": "auto", "window_us": 500}
+    assert _auto_batch(plan, 7.0) == 72 and isinstance(_auto_batch(plan, 7.0), int)
+    assert _auto_batch(plan, 0.3) == MAX_BATCH  # an empty 1-rank op must not ask for a million calls
+    assert _auto_batch(plan, 900.0) == 1
+    assert _auto_batch({"batch": 16, "window_us": 500}, 7.0) == 16
