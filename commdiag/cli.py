@@ -85,23 +85,27 @@ def sweep(spec_file, sets, out, resume, as_json, explain):
 
         explain_mod.run_explain(res.run_dir)
     data = results.load_run(res.run_dir)
-    pub = report.publish(res.run_dir)  # verdicts, report.html, winner profiles
+    # Verdicts, report and profiles need every launch: an interrupted run has none of them yet.
+    pub = report.publish(res.run_dir) if res.state == "complete" else None
     if as_json:
         click.echo(json.dumps({"format": "commdiag-sweep-result", "version": 1, "run_dir": str(res.run_dir),
                                "state": res.state, "launches": res.counts,
                                "summary": json.loads(data.summary.to_json(orient="records")),
-                               "verdicts": pub.verdicts.to_json(), "report": str(pub.report),
-                               "profiles": [str(res.run_dir / p) for p in pub.profiles]}, indent=1))
+                               "verdicts": pub.verdicts.to_json() if pub else None,
+                               "report": str(pub.report) if pub else None,
+                               "profiles": [str(res.run_dir / p) for p in pub.profiles] if pub else []}, indent=1))
     else:
         click.echo(render_table(data.summary))
-        click.echo("\n" + report.render_verdicts(pub.verdicts))
-        click.echo(f"\nreport: {pub.report}")
-        click.echo("profiles: " + (", ".join(str(res.run_dir / p) for p in pub.profiles) if pub.profiles
-                                   else "none (no significant winner: keep NCCL defaults)"))
+        if pub:
+            click.echo("\n" + report.render_verdicts(pub.verdicts))
+            click.echo(f"\nreport: {pub.report}")
+            click.echo("profiles: " + (", ".join(str(res.run_dir / p) for p in pub.profiles) if pub.profiles
+                                       else "none (no significant winner: keep NCCL defaults)"))
         click.echo(f"\nrun folder: {res.run_dir}   launches: "
                    + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
         if res.state == "interrupted":
-            click.echo(f"interrupted: continue with  commdiag sweep --resume {res.run_dir}")
+            click.echo("interrupted: no verdicts, report or profile from a partial run; continue with  "
+                       f"commdiag sweep --resume {res.run_dir}")
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
@@ -311,15 +315,15 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
 
 
-
 @main.command("install-hook")
 @click.option("--from", "from_dir", type=click.Path(file_okay=False, path_type=Path), metavar="RUN_DIR",
               help="Install the sweep's winner (RUN_DIR/profile.env); refused when there is none, unless --force.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), help="Install a profile file.")
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="A setting (repeatable; on top of --from/--profile).")
 @click.option("--python", "python", metavar="PATH", help="Target interpreter (default: this one).")
-@click.option("--method", type=click.Choice(["auto", "pth", "sitecustomize", "none"]), default="auto", show_default=True,
-              help="Python hook method; auto chooses from what detect finds; none: no Python hook.")
+@click.option("--method", type=click.Choice(["auto", "pth", "sitecustomize", "none"]), default=None,
+              help="Python hook method; auto (the default) chooses from what detect finds; none: no Python hook. "
+                   "With --systemd or --nccl-conf and no --python, the default is none: only what was asked for.")
 @click.option("--systemd", "systemd_unit", metavar="UNIT", help="Also write a drop-in for this systemd unit.")
 @click.option("--systemd-env-file", is_flag=True, help="With --systemd: EnvironmentFile= instead of Environment= lines.")
 @click.option("--nccl-conf", type=click.Choice(["system", "user"]), is_flag=False, flag_value="system", default=None,
@@ -349,6 +353,8 @@ def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit,
         res = hook.status(python=python, flags=python_flags, root=root, expected=expected)
         click.echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res))
         sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
+    if method is None:
+        method = "none" if (systemd_unit or nccl_conf) and python is None else "auto"
     if uninstall:
         res = hook.uninstall(python=python, method=method, systemd_unit=systemd_unit, nccl_conf=nccl_conf,
                              all_installs=all_installs, root=root, force=force, dry_run=dry_run)

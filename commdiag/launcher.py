@@ -68,15 +68,21 @@ def run(argv: list[str], env: dict[str, str], log_path: Path, deadline_s: float)
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         timed_out = interrupted = False
         try:
-            proc.wait(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _terminate_group(proc)
-        except KeyboardInterrupt:
+            try:
+                proc.wait(timeout=deadline_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _terminate_group(proc)
+            except KeyboardInterrupt:
+                interrupted = True
+                _terminate_group(proc)
+        except KeyboardInterrupt:  # a second Ctrl-C during the grace period: stop waiting, kill now
             interrupted = True
-            _terminate_group(proc)
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+            killed = kill_marked(marker)  # whatever left the group, also on a second Ctrl-C
         wall = time.monotonic() - t0
-    killed = kill_marked(marker)
     return LaunchOutcome(None if timed_out or interrupted else proc.returncode, timed_out, wall, killed,
                          interrupted)
 
@@ -92,6 +98,17 @@ def launch_worker(folder: Path, plan: dict, *, base_env: dict[str, str], config_
     env = launch_env(base_env, config_env, {**extra_env, MARKER: marker})
     argv = torchrun_argv(nproc, nnodes, rdzv_endpoint, rdzv_id, deadline_s, folder / "plan.json")
     return run(argv, env, folder / "torchrun.log", deadline_s), marker
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _terminate_group(proc: subprocess.Popen) -> None:

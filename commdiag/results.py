@@ -67,7 +67,9 @@ def load_run_json(run_dir: str | Path) -> dict:
         found = run.get("format") if isinstance(run, dict) else type(run).__name__
         raise CommdiagError(f"{path}: format: {found!r} is not a commdiag run ({RUN_FORMAT!r})")
     version = run.get("version")
-    if not isinstance(version, int) or version < 1 or version > RUN_FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CommdiagError(f"{path}: version: {version!r} is not a run format version (1..{RUN_FORMAT_VERSION})")
+    if version > RUN_FORMAT_VERSION:
         raise CommdiagError(
             f"{path}: version: {version!r} is newer than this commdiag understands "
             f"(<= {RUN_FORMAT_VERSION}); upgrade commdiag to read it")

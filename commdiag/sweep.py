@@ -101,6 +101,28 @@ def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict
             "commdiag: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV (init only, no per-call logging)")
 
 
+def _method(spec: Spec) -> dict:
+    """How this run measures, in words: stored in run.json, shown by the report, compared by compare."""
+    method = {"combine_ranks": "per iteration, the max over ranks"}
+    if spec.backend == "gloo":
+        method["eager"] = ("each blocking all_reduce call's wall time on a monotonic clock (batch 1); "
+                           "gloo has no CUDA graphs, so eager only")
+        return method
+    method["sample"] = (f"a window of batch back-to-back all-reduces between two CUDA events, / batch; "
+                        f"batch={spec.batch} (auto: enough calls to fill {spec.window_us:g} us of device time)")
+    if "graph" in spec.modes:
+        method["graph"] = (f"batch all-reduces captured in one CUDA graph; {spec.iters} replays back to back "
+                           f"on the {spec.replay_stream} stream, a CUDA event between replays")
+    if "eager" in spec.modes:
+        method["eager"] = (f"{spec.iters} windows of batch back-to-back calls on the current stream; "
+                           "enqueue_us = host time per call to issue it")
+    method["vias"] = ", ".join(
+        {"torch": "torch = torch.distributed.all_reduce",
+         "nccl-direct": "nccl-direct = libnccl's ncclAllReduce through ctypes (the library torch loaded), "
+                        "arguments converted once; modes graph-direct/eager-direct"}[v] for v in spec.vias)
+    return method
+
+
 def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
     seed = _seed(spec)
     order = launch_order(spec, seed)
@@ -109,17 +131,7 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
         "commdiag_version": __version__, "created_utc": _utc(), "finished_utc": None, "state": "running",
         "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
-        "method": {
-            "sample": f"a window of batch back-to-back all-reduces between two CUDA events, / batch; "
-                      f"batch={spec.batch} (auto: enough calls to fill {spec.window_us:g} us of device time)",
-            "graph": f"batch all-reduces captured in one CUDA graph; {spec.iters} replays back to "
-                     f"back on the {spec.replay_stream} stream, a CUDA event between replays",
-            "vias": "torch = torch.distributed.all_reduce; nccl-direct = libnccl's ncclAllReduce through ctypes "
-                    "(the library torch loaded), arguments converted once; modes graph-direct/eager-direct",
-            "eager": f"{spec.iters} windows of batch back-to-back calls (NCCL), or each blocking call's "
-                     "monotonic wall time (gloo); enqueue_us = host time per call to issue it",
-            "combine_ranks": "per iteration, the max over ranks",
-        },
+        "method": _method(spec),
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
         "launches": [{"index": l.index, "config": l.config, "trial": l.trial, "status": results.PENDING}
                      for l in order],

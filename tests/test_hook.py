@@ -339,6 +339,17 @@ def test_systemd_and_nccl_conf_install_and_undo(root):
     assert tree(root) == before
 
 
+def test_systemd_alone_installs_no_python_hook(root):
+    before = tree(root)
+    cp = cli("--root", str(root), *SETS, "--systemd", "sglang", check=0)  # no --method, no --python
+    written = set(tree(root)) - set(before)
+    assert written and all(f.split("/")[0] in ("etc", "var") for f in written), written  # nothing in a Python tree
+    assert not any(f.endswith((".pth", "sitecustomize.py")) for f in written)
+    assert "systemctl restart sglang.service" in cp.stdout
+    cli("--uninstall", "--root", str(root), "--systemd", "sglang", check=0)
+    assert tree(root) == before
+
+
 def test_concurrent_installs_end_in_one_consistent_state(root, tmp_path_factory):
     venv = make_venv(sys.executable, root / "venv", tmp_path_factory)
     py = venv / "bin/python"

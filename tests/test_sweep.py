@@ -58,6 +58,7 @@ def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
             assert {k: v["environ"] for k, v in rank["env_seen"].items()} == expected
             assert {k: v["getenv"] for k, v in rank["env_seen"].items()} == expected
     assert run["fingerprint"]["worker"]["torch"]
+    assert "graph" not in run["method"] and "wall time" in run["method"]["eager"]  # gloo: per-call wall time
     assert not survivors(run)
 
 
@@ -114,6 +115,7 @@ def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path):
     assert proc.returncode == 130, err
     run = read_run(out)
     assert run["state"] == "interrupted"
+    assert not (out / "report.html").exists() and not list(out.glob("profile*.env"))  # no verdicts from part of a run
     done = {l["index"]: (out / "launches" / f"{l['index']:04d}" / "result.json").read_bytes()
             for l in run["launches"] if l["status"] == "ok"}
     assert 1 <= len(done) < 4 and "pending" in {l["status"] for l in run["launches"]}
@@ -123,6 +125,7 @@ def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     run = read_run(out)
     assert run["state"] == "complete" and [l["status"] for l in run["launches"]] == ["ok"] * 4
+    assert (out / "report.html").exists()
     for index, content in done.items():  # finished launches were not redone
         assert (out / "launches" / f"{index:04d}" / "result.json").read_bytes() == content
     assert len(load_run(out).samples) == 4 * 2 * 5
