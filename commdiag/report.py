@@ -342,6 +342,8 @@ def build_html(data: results.RunData, verdicts: stats.Verdicts, medians: list[st
         b.append(_table(["config", "why"], [[c, r] for c, r in verdicts.excluded.items()]))
     b.append("<h2>Plots</h2>")
     b.append(plot_divs(figs))
+    b.append("<h2>Timings</h2>")
+    b.append(_timings_section(data.summary, tokens_by_size))
     for mode in verdicts.modes:
         b.append(f"<h2>Verdicts vs default, {esc(mode)} mode</h2>"
                  "<p>Change vs default (ratio - 1); hover a cell for the interval and launch counts.</p>")
@@ -374,6 +376,24 @@ def build_html(data: results.RunData, verdicts: stats.Verdicts, medians: list[st
     b.append(f"<pre>{esc(json.dumps(run.get('spec_given', spec), indent=1))}</pre>")
     b.append(f"<p><small>commdiag {esc(__version__)}</small></p>")
     return page(f"commdiag report: {spec.get('name')}", "\n".join(b), figs)
+
+
+def _timings_section(summary, tokens_by_size: dict) -> str:
+    """Every time with its spread and launch count (what the plots show on hover), one table per mode."""
+    if summary.empty:
+        return "<p>No samples.</p>"
+    out = ["<p>time = median of the launches' medians; p10-p90 over all samples; launch medians = the "
+           "spread between launches, the noise verdicts are judged against.</p>"]
+    for mode in sorted(set(summary["mode"]), key=lambda m: (m.endswith("-direct"), m != "graph", m)):
+        rows = [[size_label(int(r.size_bytes), tokens_by_size.get(int(r.size_bytes))), r.config,
+                 f"{r.median_us:.2f}", f"{r.p10_us:.2f}-{r.p90_us:.2f}",
+                 f"{r.launch_median_min_us:.2f}-{r.launch_median_max_us:.2f}", str(r.launches),
+                 f"{r.busbw_gbps:.3f}", str(r.wrong)]
+                for r in summary[summary["mode"] == mode].sort_values(["size_bytes", "config"]).itertuples()]
+        out.append(f"<details><summary>{esc(mode)} ({len(rows)} rows)</summary>"
+                   + _table(["size", "config", "time (us)", "p10-p90 (us)", "launch medians (us)", "launches",
+                             "busbw (GB/s)", "#wrong"], rows) + "</details>")
+    return "\n".join(out)
 
 
 def _explain_section(run: dict, tokens_by_size: dict) -> str:

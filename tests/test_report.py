@@ -61,6 +61,10 @@ def assert_drawn(dom: str, console: list[str], expected: int) -> None:
     assert re.search(r'id="js-errors"></div>', dom), "the page reported a script error"
 
 
+def path_text(run_dir: Path) -> str:
+    return (run_dir / "report.html").read_text()
+
+
 def copy_run(name: str, dest: Path) -> Path:
     shutil.copytree(FIXTURES / name, dest)
     return dest
@@ -121,6 +125,11 @@ def test_report_of_a_real_cpu_run_draws_every_plot(tmp_path):
     dom, console, _ = render(run_dir / "report.html", tmp_path)
     assert_drawn(dom, console, expected=3)  # gloo: eager only -> latency, busbw, speedup heatmap
     assert "no significant difference" in dom or "inconclusive" in dom
+    # every time in the HTML itself with its spread and launch count, not only on hover
+    summary = results.load_run(run_dir).summary
+    rows = re.findall(r"<tr><td>[^<]*</td><td>(default|aa)</td><td>([\d.]+)</td><td>([\d.]+-[\d.]+)</td>"
+                      r"<td>([\d.]+-[\d.]+)</td><td>(\d+)</td>", path_text(run_dir))
+    assert len(rows) == len(summary) and {r[4] for r in rows} == {str(n) for n in summary["launches"]}
 
 
 def test_report_with_both_modes_failures_and_a_hostile_label(tmp_path):
