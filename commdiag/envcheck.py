@@ -31,7 +31,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ncclog
+from . import ncclog, ncclvars
 from .errors import EXIT_USAGE, CommdiagError
 from .metadata import libc_getenv
 
@@ -231,7 +231,8 @@ def _judge(name: str, expected: str | None, environ: str | None, getenv: str | N
                         f"os.environ has {environ!r} but getenv (what NCCL reads) has {getenv!r}: "
                         "set it before the process starts, or with os.environ (not os.putenv)")
     if expected is None:
-        return VarCheck(name, None, environ, getenv, INFO)
+        _, warning = ncclvars.check_setting(name, getenv or "")
+        return VarCheck(name, None, environ, getenv, INFO, warning.split("; ")[0] if warning else "")
     if getenv is None:
         if name in conf and conf[name][0] == expected:
             return VarCheck(name, expected, environ, getenv, FROM_CONF,

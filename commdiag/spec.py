@@ -141,9 +141,17 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         raise SpecError(path, "(yaml)", f"not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise SpecError(path, "(top level)", "must be a mapping of keys (name, backend, sizes, ...)")
+    set_keys = {}
     for item in overrides:
         apply_override(raw, item, path)
-    return resolve(raw, path)
+        set_keys[item.partition("=")[0].split(".")[0]] = item
+    try:
+        return resolve(raw, path)
+    except SpecError as e:  # name the --set that brought the bad value, not only the file
+        top = e.field.split(".")[0].split("[")[0]
+        if top in set_keys:
+            raise SpecError(f"{path} (with --set {set_keys[top]})", e.field, e.problem) from None
+        raise
 
 
 def apply_override(raw: dict, item: str, path: Path | str = "--set") -> None:

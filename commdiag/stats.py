@@ -76,6 +76,7 @@ from dataclasses import asdict, dataclass, field
 ALPHA = 0.01  # family-wise error rate over all comparisons of a run (see module docstring)
 MIN_EFFECT = 0.03  # smallest speedup or slowdown worth a verdict (see module docstring)
 MAX_MORE = 100  # beyond this many more launches, "inconclusive" says "more than 100"
+WIDE_INTERVAL = 100.0  # an interval spanning more than 100x says nothing; print that instead of its bounds
 NOISE_WARN = 0.10  # warn when the between-launch noise (sd of ln time) exceeds 10%
 DEFAULT = "default"
 USABLE_STATUSES = ("ok", "timeout")  # timeout only with results_complete (teardown hang)
@@ -220,6 +221,8 @@ class Comparison:
             return "n/a"
         if self.lo is None or self.hi is None:
             return f"{self.ratio:.3f}"
+        if self.hi / max(self.lo, 1e-300) > WIDE_INTERVAL:
+            return f"{self.ratio:.3f} [interval too wide to tell: more launches]"
         return f"{self.ratio:.3f} [{_num(self.lo)}, {_num(self.hi)}]"
 
     def to_json(self) -> dict:

@@ -195,3 +195,10 @@ def test_recorded_nccl_log_defaults():
     text = (FIX / "nccl-debug-init-env-tuning-defaults.log").read_text()
     ranks = envcheck.compare_nccl(text, {})
     assert len(ranks) == 2 and all(r.applied == {"NCCL_NVLS_ENABLE": "0"} for r in ranks)
+
+
+def test_a_misspelled_nccl_variable_is_pointed_out():
+    cp = cli("check-env", "--json", env=clean_env(NCCL_PROTOO="LL"))
+    out = json.loads(cp.stdout)
+    (check,) = [c for c in out["checks"] if c["name"] == "NCCL_PROTOO"]
+    assert check["status"] == "info" and "did you mean NCCL_PROTO" in check["detail"]

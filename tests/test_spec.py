@@ -113,3 +113,13 @@ def test_shipped_specs_are_valid(name):
     spec = load_spec(REPO / "sweeps" / name)
     assert not spec.warnings
     assert all(c.env.get("NCCL_NVLS_ENABLE") == "0" for c in spec.configs)  # never sweep NVLS
+
+
+def test_a_bad_set_value_names_the_set_option(tmp_path):
+    path = write_spec(tmp_path / "s.yaml")
+    with pytest.raises(SpecError) as e:
+        load_spec(path, ["trials=abc"])
+    assert "--set trials=abc" in str(e.value) and e.value.field == "trials"
+    with pytest.raises(SpecError) as e:  # an error in the file itself does not blame --set
+        load_spec(write_spec(tmp_path / "b.yaml", dtype="int4"), ["trials=2"])
+    assert "--set" not in str(e.value)

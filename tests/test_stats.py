@@ -224,3 +224,11 @@ def test_recorded_real_aa_runs_never_come_out_different(run):
     assert v.cells, "the fixture must contain comparisons"
     assert not [c for c in v.cells + v.band_cells if c.verdict in (FASTER, SLOWER)]
     assert all(w.config is None for w in v.size_winners + v.band_winners)
+
+
+def test_an_interval_spanning_orders_of_magnitude_is_called_too_wide():
+    from dataclasses import replace
+
+    cell = next(c for c in stats.evaluate_run(results.load_run(FIXTURES / "cpu-aa-a")).cells if c.lo is not None)
+    assert "too wide" not in replace(cell, ratio=1.0, lo=0.9, hi=1.1).ratio_text()
+    assert replace(cell, ratio=1.0, lo=0.001, hi=900.0).ratio_text() == "1.000 [interval too wide to tell: more launches]"
