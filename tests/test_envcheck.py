@@ -200,5 +200,5 @@ def test_recorded_nccl_log_defaults():
 def test_a_misspelled_nccl_variable_is_pointed_out():
     cp = cli("check-env", "--json", env=clean_env(NCCL_PROTOO="LL"))
     out = json.loads(cp.stdout)
-    (check,) = [c for c in out["checks"] if c["name"] == "NCCL_PROTOO"]
+    (check,) = [c for c in out["vars"] if c["name"] == "NCCL_PROTOO"]
     assert check["status"] == "info" and "did you mean NCCL_PROTO" in check["detail"]
