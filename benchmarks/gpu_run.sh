@@ -32,6 +32,7 @@ case "${1:-}" in
     echo "aa rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/aa-console.txt"
     tail -25 "$OUT/aa-console.txt"
     pack /tmp/aa nvlink2-aa
+    timeout 120 python3 benchmarks/launch_overhead.py --backend nccl --nproc 2 --repeat 3 2>&1 | tee "$OUT/launch_overhead.txt"
     timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node=2 benchmarks/fidelity.py --out "$OUT/fidelity.json" 2>&1 | grep -v -i warn | tee "$OUT/fidelity.txt"
     {
       nvidia-smi topo -m > /tmp/diag-topo.txt
