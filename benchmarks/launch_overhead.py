@@ -81,7 +81,7 @@ def main() -> int:
             walls.append(wall)
             overheads.append(over)
     ref, ours = statistics.median(bare), statistics.median(overheads)
-    print(f"{args.backend} x{args.nproc}, {args.repeat} launches each (time.strftime: {time.strftime('%Y-%m-%d %H:%M')})")
+    print(f"{args.backend} x{args.nproc}, {args.repeat} launches each at {time.strftime('%Y-%m-%d %H:%M')}")
     print(f"bare torchrun launch (init + barrier + teardown): median {ref:.2f} s  [{min(bare):.2f}-{max(bare):.2f}]")
     print(f"commdiag launch overhead (wall - measuring):       median {ours:.2f} s  "
           f"[{min(overheads):.2f}-{max(overheads):.2f}]  (wall {statistics.median(walls):.2f} s)")
