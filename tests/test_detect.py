@@ -166,3 +166,20 @@ def test_findings_from_a_missing_expected_variable():
     env = envcheck.EnvCheck(1, "py", "--expect", [envcheck.VarCheck("NCCL_ALGO", "Ring", None, None, "missing", "x")])
     f = doctor.findings(det, env)
     assert f[0].severity == "critical" and f[0].check == "env NCCL_ALGO" and "install-hook" in f[0].action
+
+
+def test_detect_recorded_live_on_a_real_h200_replays():
+    """The live NVML reader's output on real hardware (1x H200) replays to the same topology."""
+    rec = Path(__file__).parent / "fixtures" / "h200x1" / "detect.json"
+    recorded = json.loads(rec.read_text())
+    assert recorded["nvml_readings"]["gpus"][0]["name"] == "NVIDIA H200"
+    again = json.loads(cli("detect", "--json", "--nvml-replay", rec).stdout)
+    topo = again["topology"]
+    assert topo["classification"] == "single-gpu" and topo["pairs"] == []
+    gpu = topo["gpus"][0]
+    assert (gpu["bus_id"], gpu["pcie_gen"], gpu["pcie_width"]) == ("00000000:00:06.0", 5, 16)
+    assert topo == recorded["topology"]
+    # that machine's venv loads Debian's system sitecustomize, through its /etc symlink
+    hooks = recorded["pythons"][0]["hooks"]
+    assert hooks["sitecustomize"] == "/usr/lib/python3.12/sitecustomize.py"
+    assert hooks["sitecustomize_target"] == "/etc/python3.12/sitecustomize.py"
