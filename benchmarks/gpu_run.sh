@@ -25,6 +25,18 @@ case "${1:-}" in
     tail -5 "$OUT/nvlink2-progress.txt"; tail -40 "$OUT/nvlink2-console.txt"
     pack /tmp/nvlink2 nvlink2
     ;;
+  final)  # one call: nvlink2 + an A/A copy of default, torch path only, then detect/check-env --nccl
+    cd_ok
+    start=$(date +%s)
+    timeout 470 python3 -m commdiag.cli sweep sweeps/nvlink2.yaml --explain --out /tmp/final --set 'vias=[torch]' \
+      --set iters=100 --set timeout_s=60 --set 'configs.aa={}' > "$OUT/final-console.txt" 2> "$OUT/final-progress.txt"
+    echo "rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/final-console.txt"
+    tail -30 "$OUT/final-progress.txt"
+    pack /tmp/final nvlink2-final
+    python3 -m commdiag.cli detect --json > /tmp/detect.json 2>&1; echo "detect rc=$?"
+    NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=16 timeout 60 python3 -m commdiag.cli check-env --nccl --expect NCCL_PROTO=LL --expect NCCL_ALGO=Ring --expect NCCL_MAX_NCHANNELS=16 --json > /tmp/check-env-nccl.json 2>&1; echo "check-env --nccl rc=$?"
+    (cd /tmp && tar czf "$OUT/diag2.tgz" detect.json check-env-nccl.json)
+    ;;
   rest)
     cd_ok
     start=$(date +%s)
@@ -47,5 +59,5 @@ case "${1:-}" in
     cat /tmp/diag-rc.txt; head -30 /tmp/detect.txt; cat /tmp/check-env-nccl.txt /tmp/doctor.txt | head -60
     (cd /tmp && tar czf "$OUT/diagnostics.tgz" diag-topo.txt detect.json detect.txt doctor.txt check-env-nccl.json check-env-nccl.txt check-env-nccl-mismatch.txt propagation.json diag-rc.txt)
     ;;
-  *) echo "usage: $0 sweep|rest"; exit 2;;
+  *) echo "usage: $0 sweep|rest|final"; exit 2;;
 esac

@@ -105,7 +105,7 @@ def bind(path: str) -> ctypes.CDLL:
 class Nccl:
     """A bound libnccl and one communicator over the current torch.distributed group."""
 
-    def __init__(self, rank: int, world: int, path: str | None = None):
+    def __init__(self, rank: int, world: int, path: str | None = None, group=None):
         import torch.distributed as dist
 
         self.path = path or find_libnccl()
@@ -114,7 +114,7 @@ class Nccl:
         if rank == 0:
             self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
         box = [bytes(uid.internal)]
-        dist.broadcast_object_list(box, src=0)  # through the process group: the same rendezvous as torch
+        dist.broadcast_object_list(box, src=0, group=group)  # the same rendezvous as torch (gloo control group)
         ctypes.memmove(uid.internal, box[0], NCCL_UNIQUE_ID_BYTES)
         self.comm = ctypes.c_void_p()
         self._check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank), "ncclCommInitRank")

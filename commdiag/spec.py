@@ -268,7 +268,9 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
 
     vias = get("vias")
     if vias is None:
-        vias = list(VIAS) if backend == "nccl" else ["torch"]
+        # nccl-direct is opt-in until it has run cleanly on GPUs: its first 2x H200 run hung (see
+        # benchmarks/README.md, 2026-11-29 nvlink2 attempt).
+        vias = ["torch"]
     if not vias:
         raise SpecError(path, "vias", f"must list at least one of {', '.join(VIAS)}")
     for i, v in enumerate(vias):

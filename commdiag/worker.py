@@ -106,11 +106,11 @@ class DirectPath:
 
     name = "nccl-direct"
 
-    def __init__(self, torch, rank, world, dtype_name):
+    def __init__(self, torch, rank, world, dtype_name, group=None):
         from . import nccldirect
 
         self.torch, self.dtype_name = torch, dtype_name
-        self.nccl = nccldirect.Nccl(rank, world)
+        self.nccl = nccldirect.Nccl(rank, world, group=group)
 
     def op(self, buf, stream=None):
         stream = stream if stream is not None else self.torch.cuda.current_stream()
@@ -135,9 +135,13 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
+    # Control traffic (the nccl-direct unique id, gathering results) goes over gloo, never over the
+    # NCCL communicator under test: a config such as NCCL_ALGO=Tree leaves NCCL no algorithm for
+    # Broadcast or AllGather ("no algorithm/protocol available"), seen on 2x H200.
+    control = dist.new_group(backend="gloo") if backend == "nccl" else None
     paths = []
     for via in plan.get("vias", ["torch"]):
-        paths.append(TorchPath(dist) if via == "torch" else DirectPath(torch, rank, world, plan["dtype"]))
+        paths.append(TorchPath(dist) if via == "torch" else DirectPath(torch, rank, world, plan["dtype"], control))
     init_s = time.monotonic() - t_init
     dtype = getattr(torch, plan["dtype"])
 
@@ -184,7 +188,7 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
         info["nccl_applied"], info["nccl_log_version"] = _nccl_applied(plan["nccl_debug_file"])
     result = {**info, "wrong": wrong, "samples": samples, "enqueue_us": enqueue, "batch": batches}
     everyone: list = [None] * world
-    dist.all_gather_object(everyone, result)
+    dist.all_gather_object(everyone, result, group=control)
     if local_rank == 0:
         write_json(out_dir / "result.json", {"format": "commdiag-launch", "version": LAUNCH_FORMAT_VERSION,
                                              "ranks": sorted(everyone, key=lambda r: r["rank"])})
