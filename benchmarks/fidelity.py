@@ -84,9 +84,11 @@ def main() -> int:
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    floor_nccl = nccldirect.Nccl(rank, world)  # the reference's own communicator
+    control = dist.new_group(backend="gloo")  # as the worker: control traffic never over NCCL
+    agree = worker.make_agree(torch, dist, control)
+    floor_nccl = nccldirect.Nccl(rank, world, group=control)  # the reference's own communicator
     torch_path = worker.TorchPath(dist)
-    direct_path = worker.DirectPath(torch, rank, world, "bfloat16")
+    direct_path = worker.DirectPath(torch, rank, world, "bfloat16", control)
     plan = {"batch": "auto", "window_us": 500, "iters": args.iters, "warmup": 20, "replay_stream": "side"}
     rows = []
     for size in SIZES:
@@ -99,12 +101,12 @@ def main() -> int:
         row["floor_eager_us"] = floor_eager(torch, call_for(buf, torch.cuda.current_stream()), args.iters)
         for p in (torch_path, direct_path):
             dist.barrier()
-            row[f"{p.name}_graph_us"] = statistics.median(worker._time_graph(torch, p, buf, plan)[0])
+            row[f"{p.name}_graph_us"] = statistics.median(worker._time_graph(torch, p, buf, plan, agree)[0])
             dist.barrier()
-            row[f"{p.name}_eager_us"] = statistics.median(worker._time_eager_cuda(torch, p.op(buf), plan)[0])
+            row[f"{p.name}_eager_us"] = statistics.median(worker._time_eager_cuda(torch, p.op(buf), plan, agree)[0])
         dist.barrier()
         row["torch_graph_default_stream_us"] = statistics.median(
-            worker._time_graph(torch, torch_path, buf, {**plan, "replay_stream": "default"})[0])
+            worker._time_graph(torch, torch_path, buf, {**plan, "replay_stream": "default"}, agree)[0])
         rows.append(row)
         del buf
     floor_nccl.close()

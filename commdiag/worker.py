@@ -139,6 +139,7 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
     # NCCL communicator under test: a config such as NCCL_ALGO=Tree leaves NCCL no algorithm for
     # Broadcast or AllGather ("no algorithm/protocol available"), seen on 2x H200.
     control = dist.new_group(backend="gloo") if backend == "nccl" else None
+    agree = make_agree(torch, dist, control)
     paths = []
     for via in plan.get("vias", ["torch"]):
         paths.append(TorchPath(dist) if via == "torch" else DirectPath(torch, rank, world, plan["dtype"], control))
@@ -175,10 +176,10 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
             for mode in plan["modes"]:
                 dist.barrier()
                 if mode == "graph":
-                    samples[p.name][mode][key], batches[p.name][mode][key] = _time_graph(torch, p, buf, plan)
+                    samples[p.name][mode][key], batches[p.name][mode][key] = _time_graph(torch, p, buf, plan, agree)
                 elif backend == "nccl":
                     (samples[p.name][mode][key], enqueue[p.name][key],
-                     batches[p.name][mode][key]) = _time_eager_cuda(torch, p.op(buf), plan)
+                     batches[p.name][mode][key]) = _time_eager_cuda(torch, p.op(buf), plan, agree)
                 else:
                     samples[p.name][mode][key], batches[p.name][mode][key] = _time_eager_host(p.op(buf), plan), 1
             del buf
@@ -248,6 +249,24 @@ def _capture(torch, path, buf, count: int, replay_stream: str, warm: bool = True
     return g, (stream if replay_stream == "side" else torch.cuda.default_stream())
 
 
+def make_agree(torch, dist, group):
+    """A function that makes every rank use the same count: the max over ranks (over ``group``).
+
+    Each rank estimates its own call time, so without this the ranks would capture
+    graphs of different lengths, issue different numbers of collectives and hang
+    (seen on 2x H200: one rank still replaying its graph while the other had moved on).
+    """
+    if group is None:
+        return lambda n: n
+
+    def agree(n: int) -> int:
+        t = torch.tensor([n], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return int(t.item())
+
+    return agree
+
+
 def _auto_batch(plan, one_call_us: float) -> int:
     if plan.get("batch", "auto") != "auto":
         return int(plan["batch"])
@@ -266,12 +285,12 @@ def _window_us(torch, stream, fn, reps: int) -> float:
     return start.elapsed_time(end) * 1000.0
 
 
-def _time_graph(torch, path, buf, plan) -> tuple[list[float], int]:
+def _time_graph(torch, path, buf, plan, agree=lambda n: n) -> tuple[list[float], int]:
     iters, where = plan["iters"], plan.get("replay_stream", "side")
     if plan.get("batch", "auto") == "auto":
         probe, stream = _capture(torch, path, buf, PROBE_BATCH, where)
         probe.replay()
-        batch = _auto_batch(plan, _window_us(torch, stream, probe.replay, 3) / (3 * PROBE_BATCH))
+        batch = agree(_auto_batch(plan, _window_us(torch, stream, probe.replay, 3) / (3 * PROBE_BATCH)))
         del probe
     else:
         batch = int(plan["batch"])
@@ -291,11 +310,11 @@ def _time_graph(torch, path, buf, plan) -> tuple[list[float], int]:
     return out, batch
 
 
-def _time_eager_cuda(torch, op, plan) -> tuple[list[float], list[float], int]:
+def _time_eager_cuda(torch, op, plan, agree=lambda n: n) -> tuple[list[float], list[float], int]:
     op()
     torch.cuda.synchronize()
     warm = max(1, plan["warmup"])
-    batch = _auto_batch(plan, _window_us(torch, torch.cuda.current_stream(), op, warm) / warm)
+    batch = agree(_auto_batch(plan, _window_us(torch, torch.cuda.current_stream(), op, warm) / warm))
     iters = plan["iters"]
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     host = [0.0] * iters

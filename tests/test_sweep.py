@@ -189,3 +189,22 @@ def test_marked_pids_finds_a_marked_child():
         assert child.wait(timeout=10) == -signal.SIGKILL
     finally:
         child.kill()
+
+
+def test_ranks_agree_on_one_batch_count(tmp_path):
+    """Each rank estimates its own call time; the batch must be the same on every rank or
+    the ranks issue different numbers of collectives and hang (seen on 2x H200)."""
+    script = tmp_path / "agree.py"
+    script.write_text(
+        "import os, sys, torch, torch.distributed as dist\n"
+        "from commdiag.worker import make_agree\n"
+        "dist.init_process_group('gloo')\n"
+        "rank = dist.get_rank()\n"
+        "agree = make_agree(torch, dist, dist.new_group(backend='gloo'))\n"
+        "open(os.path.join(sys.argv[1], f'r{rank}'), 'w').write(str(agree(rank * 10 + 5)))\n"
+        "dist.destroy_process_group()\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                         str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert [(tmp_path / f"r{r}").read_text() for r in (0, 1)] == ["15", "15"]
