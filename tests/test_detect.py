@@ -183,3 +183,14 @@ def test_detect_recorded_live_on_a_real_h200_replays():
     hooks = recorded["pythons"][0]["hooks"]
     assert hooks["sitecustomize"] == "/usr/lib/python3.12/sitecustomize.py"
     assert hooks["sitecustomize_target"] == "/etc/python3.12/sitecustomize.py"
+
+
+def test_detect_recorded_live_on_two_nvlink_h200s_replays():
+    """Live NVML on 2x H200 (NV18): classified nvlink, and the advice says P2P_LEVEL changes nothing."""
+    rec = FIX / "detect-live.json"
+    recorded = json.loads(rec.read_text())
+    again = json.loads(cli("detect", "--json", "--nvml-replay", rec).stdout)["topology"]
+    assert again == recorded["topology"]
+    assert again["classification"] == "nvlink" and len(again["gpus"]) == 2
+    assert {p["label"] for p in again["pairs"]} == {"NV18"}
+    assert any("NCCL_P2P_DISABLE=1" in a for a in again["advice"])
