@@ -5,7 +5,12 @@ sizes by more than the noise, and are they installed so that they survive a
 restart.  The package is a library; ``commdiag.cli`` is a thin click layer.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+# The folder that holds this package: child processes commdiag starts (torchrun workers, probes)
+# put it on their path so they import this very commdiag.
+PACKAGE_PARENT = _os.path.dirname(_os.path.dirname(_os.path.realpath(__file__)))
 
 
 def check_env(expect=None, **kwargs):

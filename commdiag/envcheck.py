@@ -41,7 +41,6 @@ OK, FROM_CONF, INFO = "ok", "from-conf", "info"
 FAILING = (MISSING, MISMATCH, DIVERGED)
 
 NCCL_TIMEOUT_S = 300.0  # NCCL init on 8 GPUs takes ~10-30 s; a hang must not block forever
-_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
 # --------------------------------------------------------------------------- expectations

@@ -19,13 +19,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import hookplan, hookstate
+from . import PACKAGE_PARENT, hookplan, hookstate
 from . import profile as profile_mod
 from .errors import CommdiagError
 from .hookstate import Roots
 
 VERIFY_TIMEOUT_S = 60.0  # a cold interpreter plus one spawn child: ~1 s; generous for a loaded machine
-_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
 def probe_target(python: str | None, flags=()):
@@ -265,7 +264,7 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
                 why = [f"staged under --root {root}: the interpreter reads /, not the staged tree"]
             else:
                 fresh = run_fresh(hooks.executable, _STATUS,
-                                  [json.dumps(list(r["settings"])), _PKG_PARENT, json.dumps(r["settings"])],
+                                  [json.dumps(list(r["settings"])), PACKAGE_PARENT, json.dumps(r["settings"])],
                                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, flags=flags)
                 if "error" in fresh:
                     loads, why = False, [fresh["error"]]

@@ -21,9 +21,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import PACKAGE_PARENT
+
 KILL_GRACE_S = 5.0  # torchrun forwards SIGTERM to its workers; give them this long to exit
 MARKER = "COMMDIAG_LAUNCH_ID"
-_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def launch_env(base: dict[str, str], config_env: dict[str, str], extra: dict[str
     env.update(config_env)
     env.update(extra)
     # The worker is started with -m commdiag.worker: make sure it imports this very commdiag.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_PARENT, base.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, base.get("PYTHONPATH", "")) if p)
     return env
 
 

@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import PACKAGE_PARENT
 from .envcheck import resolve_expectation
 from .metadata import libc_getenv
 
@@ -26,7 +27,6 @@ LATE_VAR = "COMMDIAG_PROPAGATION_LATE"  # set by commdiag after each mechanism s
 PUTENV_VAR = "COMMDIAG_PROPAGATION_PUTENV"  # set with os.putenv only: in getenv, not in os.environ
 CHILD_TIMEOUT_S = 60.0  # a Python child that only reads its environment answers in ~1 s even on 2 busy cores
 TORCHRUN_TIMEOUT_S = 180.0  # torchrun imports torch in the agent and in no worker; ~5 s here, generous for busy CI
-_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
 def _observe(names) -> dict:
@@ -112,7 +112,7 @@ def _subprocess_path(copy_env: bool, names, late_value: str) -> dict:
 
     env = os.environ.copy() if copy_env else None  # the framework copies its environment at start-up
     os.environ[LATE_VAR] = late_value
-    cp = subprocess.run([sys.executable, "-c", _CHILD_CMD.format(parent=_PKG_PARENT), *names], env=env,
+    cp = subprocess.run([sys.executable, "-c", _CHILD_CMD.format(parent=PACKAGE_PARENT), *names], env=env,
                         capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
     if cp.returncode != 0:
         raise RuntimeError(f"child exited with {cp.returncode}: {cp.stderr.strip()[-300:]}")
@@ -131,7 +131,7 @@ def _torchrun_paths(names, tmp: Path, late_value: str) -> tuple[dict, dict]:
     import subprocess
 
     script = tmp / "torchrun_worker.py"
-    script.write_text(_TORCHRUN_SCRIPT.format(parent=_PKG_PARENT))
+    script.write_text(_TORCHRUN_SCRIPT.format(parent=PACKAGE_PARENT))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1",
             "--max-restarts=0", str(script), str(tmp), *names]
     # env=None: torchrun inherits this process's environment as a shell-started torchrun would.
