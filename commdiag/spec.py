@@ -268,9 +268,9 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
 
     vias = get("vias")
     if vias is None:
-        # nccl-direct is opt-in until it has run cleanly on GPUs: its first 2x H200 run hung (see
-        # benchmarks/README.md, 2026-11-29 nvlink2 attempt).
-        vias = ["torch"]
+        # Both call paths for NCCL: what a framework pays through torch.distributed beside the
+        # libnccl floor (ran cleanly on 2x H200, benchmarks/h200x2-2026-11-29b). gloo: torch only.
+        vias = ["torch", "nccl-direct"] if backend == "nccl" else ["torch"]
     if not vias:
         raise SpecError(path, "vias", f"must list at least one of {', '.join(VIAS)}")
     for i, v in enumerate(vias):

@@ -39,9 +39,17 @@ Method (per config x size x mode; ``default`` is the reference)
                 the launches cannot confirm the apparent effect.  N is how many more
                 launches per config would make an effect of that size significant
                 with the noise as measured (capped at MAX_MORE);
+       inconclusive, too
+                the estimate is within 3% of 1 but the interval reaches past +-10%
+                (EQUIVALENCE): the launches could hide a 10% effect either way.  On
+                2x H200 eager mode gave intervals like [0.35, 2.9] around a ratio of
+                1.005; calling that "no difference" would tell a user the settings do
+                not matter when the launches cannot tell.  N: launches per config to
+                bring the interval inside +-10%;
        no significant difference
-                otherwise: the interval contains 1 and the estimate is within 3%,
-                or the difference is real but smaller than 3%.
+                otherwise: the interval contains 1, the estimate is within 3% and the
+                interval excludes effects beyond 10%; or the difference is real but
+                smaller than 3%.
      With one launch per config there is no measure of launch noise at all: every
      comparison is inconclusive.
   6. Winners.  Per size and mode: among eligible configs whose verdict is
@@ -75,6 +83,7 @@ from dataclasses import asdict, dataclass, field
 
 ALPHA = 0.01  # family-wise error rate over all comparisons of a run (see module docstring)
 MIN_EFFECT = 0.03  # smallest speedup or slowdown worth a verdict (see module docstring)
+EQUIVALENCE = 0.10  # "no significant difference" also needs the interval to rule out a 10% effect
 MAX_MORE = 100  # beyond this many more launches, "inconclusive" says "more than 100"
 WIDE_INTERVAL = 100.0  # an interval spanning more than 100x says nothing; print that instead of its bounds
 NOISE_WARN = 0.10  # warn when the between-launch noise (sd of ln time) exceeds 10%
@@ -322,7 +331,8 @@ def _side_var(xs: list[float], noise: Noise) -> float:
 
 
 def _more_launches(d: float, var_c: float, var_d: float, k: int, noise: Noise, upper: float) -> int:
-    """Launches per config still needed to make an effect of |d| significant at this noise."""
+    """Launches per config still needed for an interval half-width below |d| at this noise
+    (|d| = the apparent effect, or the equivalence bound when the estimate is near 1)."""
     groups = max(noise.configs, 2)
     for n in range(max(k, 2), k + MAX_MORE + 1):
         t = t_quantile(upper, groups * (n - 1))
@@ -340,7 +350,10 @@ def _decide(d: float, half_width: float, min_effect: float, more_launches):
     if lo > 1.0 and d >= effect:
         return ratio, lo, hi, SLOWER, None
     if abs(d) >= effect and lo <= 1.0 <= hi:
-        return ratio, lo, hi, INCONCLUSIVE, more_launches()
+        return ratio, lo, hi, INCONCLUSIVE, more_launches(d)
+    bound = math.log1p(EQUIVALENCE)
+    if half_width > bound:  # near 1, but the launches could hide a 10% effect either way
+        return ratio, lo, hi, INCONCLUSIVE, more_launches(bound)
     return ratio, lo, hi, SAME, None
 
 
@@ -360,7 +373,7 @@ def compare_logs(xs: list[float], ys: list[float], noise: Noise, upper: float,
     t = t_quantile(upper, noise.df)
     if not math.isfinite(t):
         return ratio, None, None, INCONCLUSIVE, None
-    more = lambda: _more_launches(d, var_c, var_d, min(len(xs), len(ys)), noise, upper)  # noqa: E731
+    more = lambda target: _more_launches(target, var_c, var_d, min(len(xs), len(ys)), noise, upper)  # noqa: E731
     return _decide(d, t * se, min_effect, more)
 
 
@@ -384,7 +397,8 @@ def compare_independent(xs: list[float], noise_x: Noise, ys: list[float], noise_
     if not math.isfinite(t):
         return ratio, None, None, INCONCLUSIVE, None
     merged = Noise(max(noise_x.var or 0.0, noise_y.var or 0.0), int(df), max(noise_x.configs, noise_y.configs))
-    more = lambda: _more_launches(d, va * len(xs), vb * len(ys), min(len(xs), len(ys)), merged, upper)  # noqa: E731
+    more = lambda target: _more_launches(target, va * len(xs), vb * len(ys), min(len(xs), len(ys)), merged,  # noqa: E731
+                                         upper)
     return _decide(d, t * se, min_effect, more)
 
 

@@ -76,7 +76,7 @@ def test_vias_default_and_validation(tmp_path):
         load_spec(write_spec(tmp_path / "d.yaml", vias=["nccl-direct"]))
     assert e.value.field == "vias[0]"
     nccl = load_spec(write_spec(tmp_path / "n.yaml", backend="nccl", modes=["graph", "eager"]))
-    assert nccl.vias == ("torch",) and nccl.replay_stream == "side"  # nccl-direct is opt-in for now
+    assert nccl.vias == ("torch", "nccl-direct") and nccl.replay_stream == "side"  # NCCL: both call paths
     with pytest.raises(SpecError, match="side, default"):
         load_spec(write_spec(tmp_path / "r.yaml", replay_stream="main"))
 

@@ -47,12 +47,31 @@ def test_t_quantiles_match_tables():
 
 
 def test_identical_data_is_no_difference_everywhere():
-    same = {s: [10.0 * (1 + s / 1e6), 10.5 * (1 + s / 1e6), 9.8 * (1 + s / 1e6)] for s in SIZES}
+    same = {s: [10.0 * (1 + s / 1e6), 10.1 * (1 + s / 1e6), 9.95 * (1 + s / 1e6)] for s in SIZES}
     v = evaluate({"default": same, "aa": dict(same)})
     assert {c.verdict for c in v.cells} == {SAME}
     assert all(c.ratio == pytest.approx(1.0) for c in v.cells)
+    assert all(c.hi < 1 + stats.EQUIVALENCE for c in v.cells)  # "same" rules out a 10% effect
     assert all(w.config is None for w in v.size_winners + v.band_winners)
     assert all(w.text == "keep NCCL defaults" for w in v.band_winners)
+
+
+def test_identical_but_noisy_data_is_inconclusive_not_same():
+    # 3 launches at ~3.5% launch noise: the ratio is 1.0, but the interval cannot rule out a
+    # 10% effect, so "no significant difference" would overclaim (seen on 2x H200 in eager mode).
+    same = {s: [10.0, 10.5, 9.8] for s in SIZES}
+    v = evaluate({"default": same, "aa": dict(same)})
+    for c in v.cells:
+        assert c.ratio == pytest.approx(1.0)
+        assert c.hi > 1 + stats.EQUIVALENCE
+        assert c.verdict == INCONCLUSIVE and c.more_launches and c.more_launches > 0
+        assert c.label.startswith("inconclusive: about")
+    # with the launches it asks for, the same noise gives "no significant difference"
+    more = v.cells[0].more_launches
+    pattern = [10.0, 10.5, 9.8]
+    many = {s: (pattern * (more + 3))[: 3 + more] for s in SIZES}
+    v = evaluate({"default": many, "aa": dict(many)})
+    assert {c.verdict for c in v.cells} == {SAME}
 
 
 def simulated_run(rng: random.Random, shift: float, noise: float, launches: int = 3, configs=("default", "aa")):

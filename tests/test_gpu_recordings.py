@@ -1,0 +1,99 @@
+"""Real GPU runs, replayed: the 2x H200 sweeps committed under benchmarks/h200x2-2026-11-29b/.
+
+NCCL's output and GPU timings cannot be produced on the CI machine, so the runs recorded on a
+lent 2-GPU machine are the fixtures here: the TUNING parser on its explain logs, the explain
+join stored in its run.json, the verdicts of its A/A run, its report in Chromium and compare
+across two of its runs.  benchmarks/README.md says how each was made.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from commdiag import compare, explain, ncclog, report, results, stats, worker
+from test_report import assert_drawn, render
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "benchmarks" / "h200x2-2026-11-29b"
+LOGS = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
+MB = 1 << 20
+
+
+def _run_json(name: str) -> dict:
+    return json.loads((RUNS / name / "run.json").read_text())
+
+
+def test_tuning_parser_on_the_explain_logs():
+    sizes = [s["bytes"] for s in _run_json("nvlink2")["spec"]["sizes"]]
+    default = explain.choices_by_size((LOGS / "explain-tuning-default-rank0.log").read_text(), sizes)
+    assert set(default) == {str(s) for s in sizes}
+    for s in sizes:
+        got = default[str(s)]
+        assert got["calls"] == 1 + worker.EXPLAIN_CALLS  # the correctness check, then the explain calls
+        assert got["algo"] == "Ring"
+        assert got["proto"] == ("LL" if s <= 917504 else "Simple"), s  # NCCL's default switch on this box
+    assert default["14336"]["channels"] == 1 and default["1835008"]["channels"] == 23
+
+    seed_text = (LOGS / "explain-tuning-seed-rank0.log").read_text()
+    seed = explain.choices_by_size(seed_text, sizes)
+    assert {(c["algo"], c["proto"], c["channels"]) for s, c in seed.items() if int(s) >= 1835008} == {("Ring", "LL", 16)}
+    (proc,) = ncclog.parse(seed_text).values()
+    assert proc.version.startswith("2.28.9")
+    assert proc.applied["NCCL_PROTO"] == "LL" and proc.applied["NCCL_MAX_NCHANNELS"] == "16"
+
+
+def test_explain_join_stored_in_the_recorded_run():
+    run = _run_json("nvlink2")
+    ex = run["explain"]
+    assert ex["nccl_version"].startswith("2.28.9")
+    assert set(ex["configs"]) == {c["name"] for c in run["configs"]}
+    assert all(e["status"] == "ok" for e in ex["configs"].values())
+    # the stored join agrees with rank 0's own log for the same launch
+    mine = explain.choices_by_size((LOGS / "explain-tuning-default-rank0.log").read_text(),
+                                   [int(s) for s in ex["configs"]["default"]["sizes"]])
+    for size, choice in ex["configs"]["default"]["sizes"].items():
+        assert (choice["algo"], choice["proto"], choice["channels"]) == (
+            mine[size]["algo"], mine[size]["proto"], mine[size]["channels"])
+    # notes recomputed from the stored choices are the stored notes
+    assert explain.notes(run["configs"], ex["configs"]) == ex["notes"]
+    text = explain.render(ex, run["spec"]["sizes"])
+    assert "Ring/Simple/23" in text and "Tree/LL128/" in text
+    assert "note [seed]: NCCL_ALGO=Ring: NCCL already chose Ring at every size here, so it changes nothing" in text
+
+
+def test_aa_on_gpus_never_differs_and_seed_is_slower_at_tens_of_mb():
+    v = stats.evaluate_run(results.load_run(RUNS / "nvlink2-aa"))
+    assert set(v.modes) == {"graph", "eager", "graph-direct", "eager-direct"}
+    aa = [c for c in v.cells + v.band_cells if c.config == "aa"]
+    assert len(aa) == 4 * (15 + 2)
+    assert {c.verdict for c in aa} <= {stats.SAME, stats.INCONCLUSIVE}
+    # graph mode's launch noise is small enough for "no significant difference" at most sizes
+    assert sum(c.verdict == stats.SAME for c in aa if c.mode == "graph" and c.size_bytes) >= 12
+    seed_big = [c for c in v.cells if c.config == "seed" and c.size_bytes >= 14 * MB]
+    assert seed_big and all(c.verdict == stats.SLOWER and c.ratio > 2.0 for c in seed_big)
+    assert all(w.config is None for w in v.band_winners)  # keep NCCL defaults
+
+
+def test_recorded_gpu_report_draws_in_chromium(tmp_path):
+    run_dir = tmp_path / "nvlink2"
+    shutil.copytree(RUNS / "nvlink2", run_dir)
+    pub = report.publish(run_dir)
+    html = pub.report.read_text()
+    assert "What NCCL chose (explain)" in html and "Ring/Simple/23" in html
+    expected = int(html.split('data-plots-expected="')[1].split('"')[0])
+    assert expected >= 4
+    dom, console, _ = render(pub.report, tmp_path)
+    assert_drawn(dom, console, expected=expected)
+
+
+def test_compare_two_recorded_gpu_runs_names_the_setting_that_differs():
+    r = compare.run(RUNS / "nvlink2", RUNS / "nvlink2-p2poff")
+    text = compare.render_text(r)
+    assert "warning: environment differs" not in text  # same machine, same versions
+    assert "NCCL_P2P_DISABLE" in text and "settings differ" in text
+    by = {(c.config, c.mode, c.size_bytes): c for c in r.changes}
+    # the SHM path (P2P disabled) is several times slower than NVLink at 117 MB
+    big = by[("default", "graph", 117440512)]
+    assert big.verdict == stats.SLOWER and big.ratio > 2.0
