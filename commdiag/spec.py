@@ -51,6 +51,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "modes": ((list, type(None)), None),
     "vias": ((list, type(None)), None),
     "replay_stream": ((str,), "side"),
+    "reuse_process": ((bool,), False),
     "timeout_s": ((int, float), 180),
     "base_env": ((dict, type(None)), None),
     "configs": ((dict, type(None)), None),
@@ -105,6 +106,7 @@ class Spec:
     warnings: tuple[str, ...] = ()
     vias: tuple[str, ...] = ("torch",)
     replay_stream: str = "side"
+    reuse_process: bool = False
 
     def config(self, name: str) -> Config:
         return next(c for c in self.configs if c.name == name)
@@ -174,7 +176,7 @@ def apply_override(raw: dict, item: str, path: Path | str = "--set") -> None:
 
 
 def _type_name(types: tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", dict: "a mapping", list: "a list",
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a mapping", list: "a list",
              type(None): "null"}
     return " or ".join(names[t] for t in types)
 
@@ -215,7 +217,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         if key not in _TOP_KEYS:
             raise SpecError(path, str(key), f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
         types, _ = _TOP_KEYS[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise SpecError(path, key, f"{value!r} must be {_type_name(types)}")
     get = lambda k: raw.get(k, _TOP_KEYS[k][1])  # noqa: E731
 
@@ -295,6 +297,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         trials=trials, warmup=warmup, iters=iters, batch=batch, window_us=float(window_us), modes=modes,
         timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
+        reuse_process=bool(get("reuse_process")),
     )
 
 

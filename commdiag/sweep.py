@@ -24,6 +24,9 @@ from .errors import CommdiagError
 from .spec import Spec, launch_order
 
 TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
+# Variables NCCL reads at every communicator's init (its tuning model), not once per process:
+# the only ones reuse_process may change inside a running process.
+PER_COMMUNICATOR = ("NCCL_PROTO", "NCCL_ALGO")
 
 
 @dataclass
@@ -149,10 +152,12 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
         run_dir = Path(resume)
         run = results.load_run_json(run_dir)
         spec = Spec.from_json(run["spec"])
+        _check_reuse(spec, base_env)
         preflight(spec)
         run["state"] = "running"
     else:
         assert spec is not None
+        _check_reuse(spec, base_env)
         nproc = preflight(spec)
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
         if (run_dir / "run.json").exists():
@@ -163,24 +168,30 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
 
     configs = {c["name"]: c for c in run["configs"]}
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
+    reuse = spec.reuse_process
     done_walls: list[float] = []
     interrupted = False
-    for n, launch in enumerate(pending):
+    done = 0
+    for batch in process_batches(pending, configs, reuse):
         try:
-            outcome = _one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env)
+            outcome = _one_process(spec, run, run_dir, batch, configs, base_env)
         except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
             outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
         if outcome.interrupted:
-            for key in ("status", "exit_code", "timed_out", "wall_s", "stderr_tail", "started_utc", "marker"):
-                launch.pop(key, None)
-            launch["status"] = results.PENDING
+            for launch in batch:
+                for key in list(launch):
+                    if key not in ("index", "config", "trial"):
+                        launch.pop(key)
+                launch["status"] = results.PENDING
             interrupted = True
             break
-        done_walls.append(outcome.wall_s)
+        done_walls.append(outcome.wall_s / len(batch))
         results.save_run(run_dir, run)
-        if on_progress:
-            left = len(pending) - n - 1
-            on_progress(Progress(n + 1, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+        for launch in batch:
+            done += 1
+            if on_progress:
+                left = len(pending) - done
+                on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
     run["state"] = "interrupted" if interrupted else "complete"
     run["finished_utc"] = None if interrupted else _utc()
     results.save_run(run_dir, run)
@@ -191,11 +202,46 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
     return SweepResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
 
 
-def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict) -> launcher.LaunchOutcome:
-    folder = results.launch_dir(run_dir, launch["index"])
-    if folder.exists():  # left by an interrupted attempt: start clean
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+def _check_reuse(spec: Spec, base_env: dict) -> None:
+    if spec.reuse_process and spec.backend == "nccl" and "NCCL_DEBUG" in {**base_env, **spec.base_env}:
+        raise CommdiagError(f"{spec.path}: reuse_process: true needs NCCL's own log to prove each setting took "
+                            "effect, and NCCL_DEBUG is set in your environment or base_env; unset it, or "
+                            "set reuse_process: false")
+
+
+def process_batches(launches: list[dict], configs: dict[str, dict], reuse: bool) -> list[list[dict]]:
+    """The launches each torchrun process runs, in launch order: one each (the default), or with
+    reuse_process every launch of one trial round whose configs differ only in PER_COMMUNICATOR
+    variables (each then gets its own communicators inside the shared process)."""
+    if not reuse:
+        return [[l] for l in launches]
+    batches: list[list[dict]] = []
+    by_key: dict[tuple, list[dict]] = {}
+    for l in launches:
+        fixed = tuple(sorted((k, v) for k, v in configs[l["config"]]["env"].items() if k not in PER_COMMUNICATOR))
+        key = (l["trial"], fixed)
+        if key not in by_key:
+            by_key[key] = []
+            batches.append(by_key[key])
+        by_key[key].append(l)
+    return batches
+
+
+def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], configs: dict[str, dict],
+                 base_env: dict) -> launcher.LaunchOutcome:
+    """One torchrun process for ``batch`` (one launch, or several with reuse_process); record each."""
+    folders = []
+    for launch in batch:
+        folder = results.launch_dir(run_dir, launch["index"])
+        if folder.exists():  # left by an interrupted attempt: start clean
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        folders.append(folder)
+    first, folder = batch[0], folders[0]
+    config = configs[first["config"]]
+    reuse = len(batch) > 1 or spec.reuse_process
+    process_env = ({k: v for k, v in config["env"].items() if k not in PER_COMMUNICATOR} if reuse
+                   else config["env"])
     debug_env, debug_note = _nccl_debug_env(spec, {**base_env, **config["env"]}, folder)
     run["nccl_debug"] = debug_note
     plan = {
@@ -204,17 +250,60 @@ def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict
         "window_us": spec.window_us,
         "vias": list(spec.vias), "replay_stream": spec.replay_stream,
         "watch_env": sorted(set(config["env"]) | set(spec.base_env)),
-        "out_dir": str(folder.resolve()), "config": config["name"], "launch": launch["index"],
+        "out_dir": str(folder.resolve()), "config": config["name"], "launch": first["index"],
         "nccl_debug_file": debug_env.get("NCCL_DEBUG_FILE"),
     }
-    launch["started_utc"] = _utc()
-    outcome, launch["marker"] = launcher.launch_worker(  # marker: COMMDIAG_LAUNCH_ID of this launch's processes
-        folder, plan, base_env=base_env, config_env=config["env"], extra_env=debug_env,
+    if reuse:
+        plan["runs"] = [{
+            "config": l["config"], "launch": l["index"], "out_dir": str(f.resolve()),
+            "watch_env": sorted(set(configs[l["config"]]["env"]) | set(spec.base_env) | set(PER_COMMUNICATOR)),
+            # unset in the config: what the user's environment has (None: unset), as a fresh launch would see
+            "set_env": {k: configs[l["config"]]["env"].get(k, base_env.get(k)) for k in PER_COMMUNICATOR},
+        } for l, f in zip(batch, folders)]
+    started = _utc()
+    outcome, marker = launcher.launch_worker(  # marker: COMMDIAG_LAUNCH_ID of this launch's processes
+        folder, plan, base_env=base_env, config_env=process_env, extra_env=debug_env,
         nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
-        rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{launch['index']}", deadline_s=spec.timeout_s)
+        rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", deadline_s=spec.timeout_s * len(batch))
     if outcome.interrupted:
         return outcome
-    result = results.read_launch_result(run_dir, launch["index"])
+    found = [results.read_launch_result(run_dir, l["index"]) for l in batch]
+    measured = sum(max(r.get("measure_s", 0.0) for r in res["ranks"]) for res in found if res)
+    for n, (launch, result) in enumerate(zip(batch, found)):
+        launch["started_utc"], launch["marker"] = started, marker
+        _record(spec, run, launch, outcome, result, folder, shared=reuse)
+        if reuse:
+            # one process measured every launch of the batch: its start and teardown are shared
+            share = max(outcome.wall_s - measured, 0.0) / len(batch)
+            launch.update(process=first["index"], process_runs=len(batch), process_wall_s=round(outcome.wall_s, 3))
+            if result:
+                launch["overhead_s"] = round(share, 3)
+                launch["wall_s"] = round(launch["measure_s"] + share, 3)
+            if spec.backend == "nccl" and result and launch["status"] == results.OK:
+                _require_nccl_proof(launch, plan["runs"][n]["set_env"], result)
+    return outcome
+
+
+def _require_nccl_proof(launch: dict, set_env: dict, result: dict) -> None:
+    """reuse_process: each rank's NCCL must have logged, for this run's own communicators, every
+    PER_COMMUNICATOR value the run set (and none it did not): otherwise the run measured something else."""
+    for r in result["ranks"]:
+        applied = r.get("nccl_applied") or {}
+        for name, want in set_env.items():
+            got = applied.get(name)
+            if got != want:
+                launch["status"] = results.FAILED
+                launch["error"] = (f"reuse_process: rank {r['rank']}'s NCCL did not confirm {name}="
+                                   f"{want if want is not None else '(unset)'} for this run's communicators "
+                                   f"(it logged {got if got is not None else 'nothing'}); the measurement may "
+                                   "not be of this setting: run without reuse_process")
+                return
+
+
+def _record(spec: Spec, run: dict, launch: dict, outcome: launcher.LaunchOutcome, result: dict | None,
+            process_folder: Path, shared: bool) -> None:
+    """Status, timings and what each rank saw, for one launch, from its process's outcome
+    (``shared``: the process ran other launches too; its logs are in ``process_folder``)."""
     launch.update(exit_code=outcome.exit_code, timed_out=outcome.timed_out, wall_s=round(outcome.wall_s, 3),
                   killed_survivors=outcome.killed_survivors, results_complete=result is not None)
     wrong = sum(results.launch_wrong(result).values()) if result else None
@@ -222,7 +311,14 @@ def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict
     if result:  # what a launch costs besides measuring: torchrun start, init, teardown
         launch["measure_s"] = max(r.get("measure_s", 0.0) for r in result["ranks"])
         launch["overhead_s"] = round(outcome.wall_s - launch["measure_s"], 3)
-    if outcome.timed_out:
+    if shared and result and not wrong:
+        # reuse_process: this run's results are complete; a later run of the same process that
+        # failed or hung does not make them wrong (that run is recorded as failed on its own)
+        launch["status"] = results.OK
+        if outcome.timed_out or outcome.exit_code != 0:
+            launch["process_error"] = ("the process timed out later" if outcome.timed_out
+                                       else f"the process exited {outcome.exit_code} later")
+    elif outcome.timed_out:
         launch["status"] = results.TIMEOUT
         launch["error"] = (f"killed after the {spec.timeout_s:g}s deadline"
                            + (" (all results were written: hung in teardown)" if result else ""))
@@ -235,12 +331,11 @@ def _one_launch(spec: Spec, run: dict, run_dir: Path, launch: dict, config: dict
     else:
         launch["status"] = results.OK
     if launch["status"] != results.OK:
-        launch["stderr_tail"] = _tail(folder)
+        launch["stderr_tail"] = _tail(process_folder)
     if result:
         launch["ranks"] = [{k: v for k, v in r.items() if k not in ("samples", "enqueue_us")} for r in result["ranks"]]
         if "worker" not in run["fingerprint"] and launch["status"] == results.OK:
             run["fingerprint"]["worker"] = _worker_fingerprint(result["ranks"])
-    return outcome
 
 
 def _worker_fingerprint(ranks: list[dict]) -> dict:

@@ -91,14 +91,17 @@ class TorchPath:
 
     name = "torch"
 
-    def __init__(self, dist):
-        self.dist = dist
+    def __init__(self, dist, group=None):
+        self.dist, self.group = dist, group
 
     def op(self, buf, stream=None):
-        return functools.partial(self.dist.all_reduce, buf)
+        if self.group is None:
+            return functools.partial(self.dist.all_reduce, buf)
+        return functools.partial(self.dist.all_reduce, buf, group=self.group)
 
     def close(self):
-        pass
+        if self.group is not None:
+            self.dist.destroy_process_group(self.group)
 
 
 class DirectPath:
@@ -120,6 +123,33 @@ class DirectPath:
         self.nccl.close()
 
 
+def runs_of(plan: dict) -> list[dict]:
+    """The measurements one process makes: ``plan["runs"]`` (reuse_process), else the plan itself."""
+    if plan.get("runs"):
+        return plan["runs"]
+    return [{"config": plan.get("config"), "launch": plan.get("launch"), "out_dir": plan["out_dir"],
+             "watch_env": plan["watch_env"], "set_env": None}]
+
+
+def _apply_env(set_env: dict | None) -> None:
+    """Set (or unset, value None) the per-communicator variables of one run, before its communicators
+    exist: NCCL reads NCCL_PROTO and NCCL_ALGO at each communicator's init."""
+    for name, value in (set_env or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _log_size(pattern: str | None) -> int:
+    if not pattern:
+        return 0
+    try:
+        return _debug_path(pattern).stat().st_size
+    except OSError:
+        return 0
+
+
 def _run(plan: dict, out_dir: Path, rank: int) -> int:
     import torch
     import torch.distributed as dist
@@ -127,6 +157,8 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     backend = plan["backend"]
+    runs = runs_of(plan)
+    reuse = bool(plan.get("runs"))
     t_init = time.monotonic()
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
@@ -140,24 +172,50 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
     # Broadcast or AllGather ("no algorithm/protocol available"), seen on 2x H200.
     control = dist.new_group(backend="gloo") if backend == "nccl" else None
     agree = make_agree(torch, dist, control)
-    paths = []
-    for via in plan.get("vias", ["torch"]):
-        paths.append(TorchPath(dist) if via == "torch" else DirectPath(torch, rank, world, plan["dtype"], control))
     init_s = time.monotonic() - t_init
     dtype = getattr(torch, plan["dtype"])
-
-    info = {
-        "rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(),
-        **metadata.collect_host(), **metadata.collect_torch(),
-        "env_seen": metadata.env_seen(plan["watch_env"]),
-        "init_s": round(init_s, 3),
-    }
+    host = {"rank": rank, "local_rank": local_rank, "world_size": world, "pid": os.getpid(),
+            **metadata.collect_host(), **metadata.collect_torch()}
     if backend == "nccl":
-        info.update(metadata.collect_gpu(local_rank))
-    for p in paths:
-        if p.name == "nccl-direct":
-            info["nccl_direct"] = {"library": p.nccl.path, "version": p.nccl.version()}
+        host.update(metadata.collect_gpu(local_rank))
 
+    for n, run in enumerate(runs):
+        t_run = time.monotonic()
+        _apply_env(run.get("set_env"))
+        log_from = _log_size(plan.get("nccl_debug_file"))
+        paths = []
+        for via in plan.get("vias", ["torch"]):
+            if via == "torch":
+                # reuse_process: a fresh communicator per run, created after its variables were set
+                group = dist.new_group(backend=backend) if reuse else None
+                paths.append(TorchPath(dist, group))
+            else:
+                paths.append(DirectPath(torch, rank, world, plan["dtype"], control))
+        info = {**host, "env_seen": metadata.env_seen(run["watch_env"]),
+                "init_s": round(init_s + (time.monotonic() - t_run), 3), "run": n, "runs": len(runs)}
+        for p in paths:
+            if p.name == "nccl-direct":
+                info["nccl_direct"] = {"library": p.nccl.path, "version": p.nccl.version()}
+        result = _measure(torch, dist, plan, paths, agree, dtype, device, rank, world, backend, info)
+        if plan.get("nccl_debug_file"):
+            result["nccl_applied"], result["nccl_log_version"] = _nccl_applied(plan["nccl_debug_file"], log_from)
+        everyone: list = [None] * world
+        dist.all_gather_object(everyone, result, group=control)
+        if local_rank == 0:
+            write_json(Path(run["out_dir"]) / "result.json",
+                       {"format": "commdiag-launch", "version": LAUNCH_FORMAT_VERSION,
+                        "ranks": sorted(everyone, key=lambda r: r["rank"])})
+        _fault("teardown", rank)
+        for p in paths:
+            p.close()
+        if reuse and backend == "nccl":
+            torch.cuda.synchronize()
+    dist.destroy_process_group()
+    return 0
+
+
+def _measure(torch, dist, plan, paths, agree, dtype, device, rank, world, backend, info) -> dict:
+    """The correctness check and the timings of one run: every size, call path and mode."""
     wrong: dict = {p.name: {} for p in paths}
     samples: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}
     batches: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}
@@ -184,20 +242,7 @@ def _run(plan: dict, out_dir: Path, rank: int) -> int:
                     samples[p.name][mode][key], batches[p.name][mode][key] = _time_eager_host(p.op(buf), plan), 1
             del buf
     info["measure_s"] = round(time.monotonic() - t_measure, 3)
-
-    if plan.get("nccl_debug_file"):
-        info["nccl_applied"], info["nccl_log_version"] = _nccl_applied(plan["nccl_debug_file"])
-    result = {**info, "wrong": wrong, "samples": samples, "enqueue_us": enqueue, "batch": batches}
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, result, group=control)
-    if local_rank == 0:
-        write_json(out_dir / "result.json", {"format": "commdiag-launch", "version": LAUNCH_FORMAT_VERSION,
-                                             "ranks": sorted(everyone, key=lambda r: r["rank"])})
-    _fault("teardown", rank)
-    for p in paths:
-        p.close()
-    dist.destroy_process_group()
-    return 0
+    return {**info, "wrong": wrong, "samples": samples, "enqueue_us": enqueue, "batch": batches}
 
 
 def _pattern(torch, numel, dtype, device, rank):
@@ -354,17 +399,26 @@ def _explain(torch, dist, path, numel, dtype, device, backend) -> None:
     dist.barrier()
 
 
-def _nccl_applied(pattern: str) -> tuple[dict, str | None]:
-    """Read this process's NCCL debug file (NCCL_DEBUG_FILE with %h/%p expanded)."""
+def _debug_path(pattern: str) -> Path:
+    """This process's NCCL debug file: NCCL_DEBUG_FILE with %h and %p expanded."""
     import socket
 
-    path = Path(pattern.replace("%h", socket.gethostname()).replace("%p", str(os.getpid())))
+    return Path(pattern.replace("%h", socket.gethostname()).replace("%p", str(os.getpid())))
+
+
+def _nccl_applied(pattern: str, start: int = 0) -> tuple[dict, str | None]:
+    """What NCCL said it applied, from this process's debug file from byte ``start`` on.
+
+    NCCL line-buffers that file, so the bytes written since ``start`` are exactly the lines
+    of the communicators created since: with reuse_process, one run's own proof."""
     try:
-        procs = ncclog.parse(path.read_text(errors="replace"))
+        data = _debug_path(pattern).read_bytes()
     except OSError:
         return {}, None
+    procs = ncclog.parse(data[start:].decode(errors="replace"))
+    version = next((p.version for p in ncclog.parse(data.decode(errors="replace")).values() if p.version), None)
     proc = procs.get(os.getpid()) or next(iter(procs.values()), None)
-    return (dict(proc.applied), proc.version) if proc else ({}, None)
+    return (dict(proc.applied) if proc else {}), version
 
 
 if __name__ == "__main__":

@@ -208,3 +208,65 @@ def test_ranks_agree_on_one_batch_count(tmp_path):
                          str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr[-2000:]
     assert [(tmp_path / f"r{r}").read_text() for r in (0, 1)] == ["15", "15"]
+
+
+def test_reuse_process_runs_per_communicator_settings_in_one_process(tmp_path, monkeypatch):
+    # ll and simple differ from default only in NCCL_PROTO: with reuse_process one process per trial
+    # runs all three (each with its own communicators); buf16 changes a per-process variable and
+    # keeps its own process.  The user's own NCCL_ALGO reaches every run that does not set it.
+    monkeypatch.setenv("NCCL_ALGO", "Ring")
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", trials=2, reuse_process=True, configs={
+        "ll": {"NCCL_PROTO": "LL"}, "simple": {"NCCL_PROTO": "Simple"}, "tree": {"NCCL_ALGO": "Tree"},
+        "buf16": {"NCCL_BUFFSIZE": 16777216}})
+    proc = run_cli("sweep", spec, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    run = read_run(out)
+    launches = run["launches"]
+    assert [l["status"] for l in launches] == ["ok"] * 10
+    processes: dict = {}
+    for l in launches:
+        processes.setdefault(l["process"], []).append(l)
+    assert len(processes) == 2 * 2  # per trial: {default, ll, simple, tree} and {buf16}
+    for members in processes.values():
+        assert len({l["trial"] for l in members}) == 1
+        names = {l["config"] for l in members}
+        assert names in ({"default", "ll", "simple", "tree"}, {"buf16"})
+        assert {l["process_runs"] for l in members} == {len(members)}
+        assert len({l["marker"] for l in members}) == 1
+    for l in launches:  # each run saw its own settings, in os.environ and in libc getenv
+        want = {"default": ("Ring", None), "ll": ("Ring", "LL"), "simple": ("Ring", "Simple"),
+                "tree": ("Tree", None), "buf16": ("Ring", None)}[l["config"]]
+        for rank in l["ranks"]:
+            seen = rank["env_seen"]
+            for name, value in zip(("NCCL_ALGO", "NCCL_PROTO"), want):
+                assert seen[name] == {"environ": value, "getenv": value}, (l["config"], name)
+        assert l["overhead_s"] >= 0 and l["wall_s"] == pytest.approx(l["measure_s"] + l["overhead_s"], abs=0.002)
+    shared = next(m for m in processes.values() if len(m) == 4)
+    # one start and teardown for four measurements: each carries a quarter of it
+    assert sum(l["overhead_s"] for l in shared) < shared[0]["process_wall_s"]
+    data = load_run(out)
+    assert set(data.samples["config"]) == {"default", "ll", "simple", "tree", "buf16"}
+    assert not survivors(run)
+
+
+def test_reuse_process_keeps_finished_runs_when_a_later_one_crashes(tmp_path):
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", trials=1, reuse_process=True, seed=3,
+                      configs={"ll": {"NCCL_PROTO": "LL"}, "crash": {"COMMDIAG_TEST_FAULT": "crash"}})
+    proc = run_cli("sweep", spec, "--out", out)
+    assert proc.returncode == 3, proc.stderr
+    status = {l["config"]: l for l in read_run(out)["launches"]}
+    assert status["default"]["process"] == status["ll"]["process"] != status["crash"]["process"]
+    assert status["default"]["status"] == status["ll"]["status"] == "ok"
+    assert status["crash"]["status"] == "failed" and "crashing rank 0 on purpose" in status["crash"]["stderr_tail"]
+
+
+def test_reuse_process_refuses_a_users_own_nccl_debug(tmp_path):
+    # without commdiag's own NCCL log nothing could prove a reused process applied a setting:
+    # refused before anything starts (the GPU check comes after it, so this runs here too)
+    spec = write_spec(tmp_path / "s.yaml", backend="nccl", reuse_process=True)
+    proc = run_cli("sweep", spec, "--out", tmp_path / "r", env={"NCCL_DEBUG": "INFO"})
+    assert proc.returncode == 2
+    assert "reuse_process" in proc.stderr and "NCCL_DEBUG" in proc.stderr
+    assert not (tmp_path / "r").exists()
