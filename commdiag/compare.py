@@ -26,7 +26,8 @@ from . import results, stats
 COMPARE_FORMAT, COMPARE_VERSION = "commdiag-compare", 1
 # Run-level settings that change what a number means (besides the fingerprint).
 SETTINGS = ("world_size", "nproc_per_node", "spec.backend", "spec.dtype", "spec.iters", "spec.warmup",
-            "spec.batch", "spec.window_us", "spec.vias", "spec.replay_stream", "spec.nnodes", "spec.base_env", "method")
+            "spec.batch", "spec.window_us", "spec.vias", "spec.replay_stream", "spec.reuse_process", "spec.nnodes",
+            "spec.base_env", "method")
 
 
 @dataclass(frozen=True)

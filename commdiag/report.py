@@ -435,7 +435,10 @@ def _overhead_section(run: dict) -> str:
             ["overhead per launch (wall - measuring)", f"{q(over, 0.5):.2f}", f"{min(over):.2f}", f"{max(over):.2f}"]]
     if inits:
         rows.append(["process-group init per rank", f"{q(inits, 0.5):.2f}", f"{min(inits):.2f}", f"{max(inits):.2f}"])
-    return (f"<p>{len(done)} launches; seconds.</p>"
+    processes = {l.get("process", l["index"]) for l in done}
+    shared = (f" in {len(processes)} processes (reuse_process: a process's start and teardown are shared "
+              "by its launches)" if len(processes) < len(done) else "")
+    return (f"<p>{len(done)} launches{esc(shared)}; seconds.</p>"
             + _table(["", "median", "min", "max"], rows))
 
 

@@ -107,6 +107,11 @@ def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict
 def _method(spec: Spec) -> dict:
     """How this run measures, in words: stored in run.json, shown by the report, compared by compare."""
     method = {"combine_ranks": "per iteration, the max over ranks"}
+    if spec.reuse_process:
+        method["process"] = ("reuse_process: per trial, configs that differ only in "
+                             f"{'/'.join(PER_COMMUNICATOR)} share one torchrun process, each with fresh "
+                             "communicators created after its variables were set; kept only where every rank's "
+                             "NCCL log confirms the values for that run")
     if spec.backend == "gloo":
         method["eager"] = ("each blocking all_reduce call's wall time on a monotonic clock (batch 1); "
                            "gloo has no CUDA graphs, so eager only")

@@ -97,3 +97,25 @@ def test_compare_two_recorded_gpu_runs_names_the_setting_that_differs():
     # the SHM path (P2P disabled) is several times slower than NVLink at 117 MB
     big = by[("default", "graph", 117440512)]
     assert big.verdict == stats.SLOWER and big.ratio > 2.0
+
+
+def test_reuse_process_on_gpus_was_proven_and_measured_the_same():
+    # nvlink2.yaml with reuse_process: true on the same machine: 7 of 8 configs differ only in
+    # NCCL_PROTO/NCCL_ALGO and shared one process per trial; seed kept its own.
+    run = _run_json("nvlink2-reuse")
+    env = {c["name"]: c["env"] for c in run["configs"]}
+    launches = run["launches"]
+    assert {l["status"] for l in launches} == {"ok"}
+    assert len({l["process"] for l in launches}) == 2 * 3
+    for l in launches:
+        for r in l["ranks"]:  # every rank's NCCL confirmed this run's own value (or its absence)
+            assert r["nccl_applied"].get("NCCL_PROTO") == env[l["config"]].get("NCCL_PROTO")
+            assert r["nccl_applied"].get("NCCL_ALGO") == env[l["config"]].get("NCCL_ALGO")
+        if l["process_runs"] > 1:
+            assert l["overhead_s"] < 4.0  # the per-launch target, met only by sharing processes
+    # the same configs measured in fresh processes (the nvlink2 run): no change beyond the noise
+    r = compare.run(RUNS / "nvlink2", RUNS / "nvlink2-reuse")
+    graph = [c for c in r.changes if c.mode == "graph"]
+    assert len(graph) == 8 * 15
+    assert not [c for c in r.changes if c.verdict in (stats.FASTER, stats.SLOWER)]
+    assert any(d.key == "spec.reuse_process" for d in r.settings)
