@@ -45,7 +45,7 @@ case "${1:-}" in
     echo "aa rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/aa-console.txt"
     tail -25 "$OUT/aa-console.txt"
     pack /tmp/aa nvlink2-aa
-    timeout 120 python3 benchmarks/launch_overhead.py --backend nccl --nproc 2 --repeat 3 2>&1 | tee "$OUT/launch_overhead.txt"
+    timeout 120 python3 benchmarks/launch_overhead.py --backend nccl --nproc 2 --repeat 3 --reuse 7 2>&1 | tee "$OUT/launch_overhead.txt"
     timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node=2 benchmarks/fidelity.py --out "$OUT/fidelity.json" 2>&1 | grep -v -i warn | tee "$OUT/fidelity.txt"
     {
       nvidia-smi topo -m > /tmp/diag-topo.txt
@@ -94,7 +94,7 @@ case "${1:-}" in
     sweep_stage aa sweeps/nvlink2-aa.yaml --set 'vias=[torch,nccl-direct]'; tail -30 $G/aa-console.txt
     # 4. launch overhead, fidelity (floors and default-stream penalty), diagnostics
     if [ ! -f $G/done-overhead ] && [ $(left) -gt 90 ]; then
-      timeout 80 python3 benchmarks/launch_overhead.py --backend nccl --nproc 2 --repeat 3 > $G/launch_overhead.txt 2>&1 && touch $G/done-overhead
+      timeout 80 python3 benchmarks/launch_overhead.py --backend nccl --nproc 2 --repeat 3 --reuse 7 > $G/launch_overhead.txt 2>&1 && touch $G/done-overhead
       cat $G/launch_overhead.txt | tail -8
     fi
     if [ ! -f $G/done-fidelity ] && [ $(left) -gt 160 ]; then
