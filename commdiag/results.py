@@ -21,6 +21,11 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
        ``graph-direct`` / ``eager-direct`` so every analysis keyed by mode sees four
        series; run.json gains ``explain`` (what NCCL chose) and launch ``measure_s``.
        Version 1 folders are still read (their rows are via torch).
+       Later additions that keep version 2 (older readers ignore them and stay correct):
+       spec.reuse_process, and per launch ``process`` (index of the launch whose folder holds
+       the shared process's logs), ``process_runs``, ``process_wall_s``, ``process_error``;
+       with reuse_process a launch's ``overhead_s`` is its share of the process's start and
+       teardown.
 """
 
 from __future__ import annotations

@@ -30,6 +30,13 @@ Every rank's result is gathered to all ranks and LOCAL_RANK 0 of each node write
 ``result.json`` (format below) into the launch folder, so a multi-node run is
 complete on every node.  A failing rank writes ``rank<N>.error.txt``.
 
+With ``reuse_process`` the plan lists ``runs``: one process makes each run in turn,
+setting the run's NCCL_PROTO/NCCL_ALGO (``set_env``) before creating that run's own
+communicators (a new torch group, a new nccl-direct communicator), and writes each
+run's result.json into that run's launch folder, with ``nccl_applied`` read from the
+NCCL log bytes written since the run began: the sweep keeps a run only if they
+confirm its values.
+
 result.json: {"format": "commdiag-launch", "version": 2, "ranks": [per rank: info,
 "wrong": {via: {size: n}}, "samples": {via: {mode: {size: [us...]}}},
 "enqueue_us": {via: {size: [us...]}}]}.  Version 1 (no via level) is still read.
