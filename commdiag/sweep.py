@@ -316,10 +316,12 @@ def _record(spec: Spec, run: dict, launch: dict, outcome: launcher.LaunchOutcome
     if result:  # what a launch costs besides measuring: torchrun start, init, teardown
         launch["measure_s"] = max(r.get("measure_s", 0.0) for r in result["ranks"])
         launch["overhead_s"] = round(outcome.wall_s - launch["measure_s"], 3)
-    if shared and result and not wrong:
+    if shared and result:
         # reuse_process: this run's results are complete; a later run of the same process that
         # failed or hung does not make them wrong (that run is recorded as failed on its own)
-        launch["status"] = results.OK
+        launch["status"] = results.INCORRECT if wrong else results.OK
+        if wrong:
+            launch["error"] = f"{wrong} wrong elements in the all-reduce check"
         if outcome.timed_out or outcome.exit_code != 0:
             launch["process_error"] = ("the process timed out later" if outcome.timed_out
                                        else f"the process exited {outcome.exit_code} later")
