@@ -354,11 +354,21 @@ def _worker_fingerprint(ranks: list[dict]) -> dict:
     return fp
 
 
-def _tail(folder: Path) -> str:
+def _clip(text: str, head: int, tail: int) -> str:
+    return text if len(text) <= head + tail else f"{text[:head]}\n[...]\n{text[-tail:]}"
+
+
+def _tail(folder: Path, max_ranks: int = 4) -> str:
+    """What a failed launch said: the end of each rank's traceback (the exception is last), and
+    torchrun.log's head and tail -- the first error a worker printed comes before torchrun's
+    long failure report, which a plain tail would keep instead."""
     parts = []
-    for err in sorted(folder.glob("rank*.error.txt")):
-        parts.append(f"--- {err.name} ---\n{err.read_text(errors='replace')[-TAIL_CHARS:]}")
+    errors = sorted(folder.glob("rank*.error.txt"))
+    for err in errors[:max_ranks]:
+        parts.append(f"--- {err.name} ---\n{_clip(err.read_text(errors='replace'), 0, TAIL_CHARS // 2)}")
+    if len(errors) > max_ranks:
+        parts.append(f"--- and {len(errors) - max_ranks} more rank*.error.txt in {folder} ---")
     log = folder / "torchrun.log"
     if log.exists():
-        parts.append(f"--- torchrun.log (tail) ---\n{log.read_text(errors='replace')[-TAIL_CHARS:]}")
-    return "\n".join(parts)[-2 * TAIL_CHARS:]
+        parts.append(f"--- torchrun.log ---\n{_clip(log.read_text(errors='replace'), TAIL_CHARS // 2, TAIL_CHARS)}")
+    return "\n".join(parts)
