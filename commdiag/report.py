@@ -192,6 +192,8 @@ def _heatmap(verdicts: stats.Verdicts, mode: str, configs: list[str], tokens_by_
     layout = _layout(f"Speedup vs default, {mode} mode (green faster, red slower; grey: not significant, "
                      "= no difference, ? inconclusive)", {"type": "category", "title": {"text": "size"}},
                      {"type": "category", "autorange": "reversed"}, height=height)
+    # config names label the rows: leave room for the longest (grid names like PROTO=LL128,ALGO=Tree)
+    layout["margin"] = {**layout["margin"], "l": min(400, 20 + 7 * max((len(c) for c in ys), default=8))}
     return {"id": f"speedup-{mode}", "title": f"Speedup vs default ({mode})", "data": data, "layout": layout}
 
 

@@ -119,3 +119,13 @@ def test_reuse_process_on_gpus_was_proven_and_measured_the_same():
     assert len(graph) == 8 * 15
     assert not [c for c in r.changes if c.verdict in (stats.FASTER, stats.SLOWER)]
     assert any(d.key == "spec.reuse_process" for d in r.settings)
+
+
+def test_heatmap_leaves_room_for_grid_config_names():
+    # grid configs are named like "PROTO=LL128,ALGO=Tree": the heatmap's row labels must fit
+    data = results.load_run(RUNS / "nvlink2")
+    v = stats.evaluate_run(data)
+    figs = {f["id"]: f for f in report.figures(data, v, stats.launch_medians(data.samples))}
+    longest = max(len(c["name"]) for c in data.run["configs"])
+    for mode in ("graph", "eager"):
+        assert figs[f"speedup-{mode}"]["layout"]["margin"]["l"] >= 7 * longest
