@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# The GPU runs recorded in benchmarks/, as sent to a lent 2-GPU machine (device tool):
-#   bash benchmarks/gpu_run.sh sweep   # nvlink2.yaml as shipped, with --explain        (~8 min)
-#   bash benchmarks/gpu_run.sh rest    # A/A + seed, fidelity, detect/doctor/check-env  (~6 min)
-#   bash benchmarks/gpu_run.sh all     # all of it under one deadline; call again to continue (session 2)
-# Each step leaves one tarball per run folder in $OUT (the raw per-launch folders stay behind).
+# The GPU run recorded in benchmarks/, as sent to a lent 2-GPU machine (device tool):
+#   BUDGET_S=555 bash benchmarks/gpu_run.sh all   # everything under one deadline; call again to continue
+# It leaves $OUT/gpu.tgz: every run folder and log under /tmp/gpu.  Session 1's one-off steps
+# (sweep, rest, final) are in git history; `all` does what they did.
 # NVLink multicast stays off everywhere: never sweep NVLS on shared machines.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -12,61 +11,15 @@ if [ -d .whl ]; then  # plotly is not installed there: carried wheels
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-cd_ok() { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version())'; }
-pack() {  # pack RUN_DIR NAME: run.json, csvs, report, explain logs; not the raw launch folders
-  (cd "$1" && gzip -kf samples.csv && tar czf "$OUT/$2.tgz" run.json summary.csv samples.csv.gz report.html profile*.env 2>/dev/null)
-  ls -la "$OUT/$2.tgz"
-}
+versions() { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version())'; }
 case "${1:-}" in
-  sweep)
-    cd_ok
-    start=$(date +%s)
-    timeout 560 python3 -m commdiag.cli sweep sweeps/nvlink2.yaml --explain --out /tmp/nvlink2 > "$OUT/nvlink2-console.txt" 2> "$OUT/nvlink2-progress.txt"
-    echo "rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/nvlink2-console.txt"
-    tail -5 "$OUT/nvlink2-progress.txt"; tail -40 "$OUT/nvlink2-console.txt"
-    pack /tmp/nvlink2 nvlink2
-    ;;
-  final)  # one call: nvlink2 + an A/A copy of default, torch path only, then detect/check-env --nccl
-    cd_ok
-    start=$(date +%s)
-    timeout 470 python3 -m commdiag.cli sweep sweeps/nvlink2.yaml --explain --out /tmp/final --set 'vias=[torch]' \
-      --set iters=100 --set timeout_s=60 --set 'configs.aa={}' > "$OUT/final-console.txt" 2> "$OUT/final-progress.txt"
-    echo "rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/final-console.txt"
-    tail -30 "$OUT/final-progress.txt"
-    pack /tmp/final nvlink2-final
-    python3 -m commdiag.cli detect --json > /tmp/detect.json 2>&1; echo "detect rc=$?"
-    NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=16 timeout 60 python3 -m commdiag.cli check-env --nccl --expect NCCL_PROTO=LL --expect NCCL_ALGO=Ring --expect NCCL_MAX_NCHANNELS=16 --json > /tmp/check-env-nccl.json 2>&1; echo "check-env --nccl rc=$?"
-    (cd /tmp && tar czf "$OUT/diag2.tgz" detect.json check-env-nccl.json)
-    ;;
-  rest)
-    cd_ok
-    start=$(date +%s)
-    timeout 300 python3 -m commdiag.cli sweep sweeps/nvlink2-aa.yaml --out /tmp/aa > "$OUT/aa-console.txt" 2> "$OUT/aa-progress.txt"
-    echo "aa rc=$? wall=$(( $(date +%s) - start ))s" | tee -a "$OUT/aa-console.txt"
-    tail -25 "$OUT/aa-console.txt"
-    pack /tmp/aa nvlink2-aa
-    timeout 120 python3 benchmarks/launch_overhead.py --backend nccl --nproc 2 --repeat 3 --reuse 7 2>&1 | tee "$OUT/launch_overhead.txt"
-    timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node=2 benchmarks/fidelity.py --out "$OUT/fidelity.json" 2>&1 | grep -v -i warn | tee "$OUT/fidelity.txt"
-    {
-      nvidia-smi topo -m > /tmp/diag-topo.txt
-      python3 -m commdiag.cli detect --json > /tmp/detect.json; echo "detect rc=$?"
-      python3 -m commdiag.cli detect > /tmp/detect.txt
-      python3 -m commdiag.cli doctor > /tmp/doctor.txt; echo "doctor rc=$?" >> /tmp/doctor.txt
-      NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=16 timeout 120 python3 -m commdiag.cli check-env --nccl --expect NCCL_PROTO=LL --expect NCCL_ALGO=Ring --expect NCCL_MAX_NCHANNELS=16 --json > /tmp/check-env-nccl.json; echo "check-env --nccl rc=$? (expect 0)"
-      NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=16 timeout 120 python3 -m commdiag.cli check-env --nccl --expect NCCL_PROTO=LL --expect NCCL_ALGO=Ring --expect NCCL_MAX_NCHANNELS=16 > /tmp/check-env-nccl.txt
-      NCCL_PROTO=Simple timeout 120 python3 -m commdiag.cli check-env --nccl --expect NCCL_PROTO=LL > /tmp/check-env-nccl-mismatch.txt; echo "mismatch rc=$? (expect 1)"
-      NCCL_PROTO=LL timeout 120 python3 -m commdiag.cli check-env --propagation --expect NCCL_PROTO=LL --json > /tmp/propagation.json; echo "propagation rc=$?"
-    } > /tmp/diag-rc.txt 2>&1
-    cat /tmp/diag-rc.txt; head -30 /tmp/detect.txt; cat /tmp/check-env-nccl.txt /tmp/doctor.txt | head -60
-    (cd /tmp && tar czf "$OUT/diagnostics.tgz" diag-topo.txt detect.json detect.txt doctor.txt check-env-nccl.json check-env-nccl.txt check-env-nccl-mismatch.txt propagation.json diag-rc.txt)
-    ;;
   all)  # everything, in order of value, under one deadline; re-running on the same (warm) machine continues
     # Stages mark themselves done in /tmp/gpu; a sweep cut by the deadline is resumed (--resume) next call.
     DEADLINE=$(( $(date +%s) + ${BUDGET_S:-560} )); G=/tmp/gpu; mkdir -p $G
     left() { echo $(( DEADLINE - $(date +%s) )); }
     finish() { tar czf "$OUT/gpu.tgz" -C /tmp gpu; ls -la "$OUT"; }
     trap finish EXIT
-    [ -f $G/versions.txt ] || cd_ok > $G/versions.txt 2>&1; cat $G/versions.txt
+    [ -f $G/versions.txt ] || versions > $G/versions.txt 2>&1; cat $G/versions.txt
     sweep_stage() {  # NAME SPEC [--set ...]: new run or resume, cut by SIGINT before the deadline
       local name=$1 spec=$2; shift 2; [ -f $G/done-$name ] && return 0
       local t=$(( $(left) - 25 )); [ $t -lt 60 ] && { echo "skip $name: ${t}s left" | tee -a $G/skipped.txt; return 1; }
@@ -116,5 +69,5 @@ case "${1:-}" in
     fi
     echo "left $(left)s; done: $(cd $G && ls done-* | tr '\n' ' ')"; cat $G/skipped.txt 2>/dev/null
     ;;
-  *) echo "usage: $0 all|sweep|rest|final"; exit 2;;
+  *) echo "usage: $0 all"; exit 2;;
 esac

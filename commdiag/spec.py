@@ -205,6 +205,20 @@ def _env_map(path, fld: str, value: Any, warnings: list[str]) -> dict[str, str]:
     return out
 
 
+def _choices(path, key: str, values: list, allowed: tuple[str, ...], nccl_only: dict[str, str],
+             backend: str) -> tuple[str, ...]:
+    """A non-empty list drawn from ``allowed``, without repeats; ``nccl_only`` names the choices
+    (with the reason) that need backend: nccl."""
+    if not values:
+        raise SpecError(path, key, f"must list at least one of {', '.join(allowed)}")
+    for i, v in enumerate(values):
+        if v not in allowed:
+            raise SpecError(path, f"{key}[{i}]", f"{v!r} is not one of {', '.join(allowed)}")
+        if v in nccl_only and backend != "nccl":
+            raise SpecError(path, f"{key}[{i}]", nccl_only[v])
+    return tuple(dict.fromkeys(values))
+
+
 def _positive_int(path, fld, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SpecError(path, fld, f"{value!r} must be an integer >= {minimum}")
@@ -259,28 +273,16 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     modes = get("modes")
     if modes is None:
         modes = ["graph", "eager"] if backend == "nccl" else ["eager"]
-    if not modes:
-        raise SpecError(path, "modes", f"must list at least one of {', '.join(MODES)}")
-    for i, m in enumerate(modes):
-        if m not in MODES:
-            raise SpecError(path, f"modes[{i}]", f"{m!r} is not one of {', '.join(MODES)}")
-        if m == "graph" and backend == "gloo":
-            raise SpecError(path, f"modes[{i}]", "graph mode needs CUDA (backend: nccl); gloo allows: eager")
-    modes = tuple(dict.fromkeys(modes))
+    modes = _choices(path, "modes", modes, MODES,
+                     {"graph": "graph mode needs CUDA (backend: nccl); gloo allows: eager"}, backend)
 
     vias = get("vias")
     if vias is None:
         # Both call paths for NCCL: what a framework pays through torch.distributed beside the
         # libnccl floor (ran cleanly on 2x H200, benchmarks/h200x2-2026-11-29b). gloo: torch only.
         vias = ["torch", "nccl-direct"] if backend == "nccl" else ["torch"]
-    if not vias:
-        raise SpecError(path, "vias", f"must list at least one of {', '.join(VIAS)}")
-    for i, v in enumerate(vias):
-        if v not in VIAS:
-            raise SpecError(path, f"vias[{i}]", f"{v!r} is not one of {', '.join(VIAS)}")
-        if v == "nccl-direct" and backend != "nccl":
-            raise SpecError(path, f"vias[{i}]", "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch")
-    vias = tuple(dict.fromkeys(vias))
+    vias = _choices(path, "vias", vias, VIAS,
+                    {"nccl-direct": "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch"}, backend)
     replay_stream = get("replay_stream")
     if replay_stream not in REPLAY_STREAMS:
         raise SpecError(path, "replay_stream", f"{replay_stream!r} is not one of {', '.join(REPLAY_STREAMS)}")

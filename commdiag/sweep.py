@@ -244,7 +244,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
         folders.append(folder)
     first, folder = batch[0], folders[0]
     config = configs[first["config"]]
-    reuse = len(batch) > 1 or spec.reuse_process
+    reuse = spec.reuse_process
     process_env = ({k: v for k, v in config["env"].items() if k not in PER_COMMUNICATOR} if reuse
                    else config["env"])
     debug_env, debug_note = _nccl_debug_env(spec, {**base_env, **config["env"]}, folder)

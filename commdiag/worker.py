@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(plan["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     try:
-        return _run(plan, out_dir, rank)
+        return _run(plan, rank)
     except BaseException:
         (out_dir / f"rank{rank}.error.txt").write_text(traceback.format_exc())
         raise
@@ -157,7 +157,7 @@ def _log_size(pattern: str | None) -> int:
         return 0
 
 
-def _run(plan: dict, out_dir: Path, rank: int) -> int:
+def _run(plan: dict, rank: int) -> int:
     import torch
     import torch.distributed as dist
 
