@@ -26,6 +26,12 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
        the shared process's logs), ``process_runs``, ``process_wall_s``, ``process_error``;
        with reuse_process a launch's ``overhead_s`` is its share of the process's start and
        teardown.
+    3  two-stage verdicts (verdict.py).  Every launch has ``stage``: 1 (screening, the
+       interleaved trials) or 2 (confirmation: fresh rounds of default + the candidates,
+       with ``round``); run.json gains ``confirmation`` (the stage-2 plan: claims, family
+       size M, rounds, looks, alpha, and the screening it came from) once stage 1 is done,
+       and ``spec.confirm_configs`` / ``spec.confirm_rounds``.  Version 1 and 2 folders are
+       read as screening only: every launch is stage 1 and nothing is certified.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from .atomic import write_json, write_text
 from .errors import CommdiagError
 
 RUN_FORMAT = "commdiag-run"
-RUN_FORMAT_VERSION = 2
+RUN_FORMAT_VERSION = 3
 
 SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
                    "enqueue_us"]

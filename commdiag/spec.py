@@ -58,6 +58,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "grid": ((dict, type(None)), None),
     "seed": ((int, type(None)), None),
     "bands": ((dict, type(None)), None),
+    "confirm": ((dict, type(None)), None),
 }
 
 
@@ -107,6 +108,10 @@ class Spec:
     vias: tuple[str, ...] = ("torch",)
     replay_stream: str = "side"
     reuse_process: bool = False
+    # Stage 2 of the verdict method (verdict.py): configs whose answer is confirmed either way
+    # (faster or slower, two-sided) besides the screening's candidates, and the rounds (None: auto).
+    confirm_configs: tuple[str, ...] = ()
+    confirm_rounds: int | None = None
 
     def config(self, name: str) -> Config:
         return next(c for c in self.configs if c.name == name)
@@ -127,6 +132,7 @@ class Spec:
             d["batch"] = d.pop("graph_batch")
             d.setdefault("window_us", 500.0)
         d["warnings"] = tuple(d.get("warnings", ()))
+        d["confirm_configs"] = tuple(d.get("confirm_configs", ()))
         return cls(**d)
 
 
@@ -291,6 +297,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     base_env = _env_map(path, "base_env", get("base_env"), warnings)
     configs = _resolve_configs(path, raw, base_env, warnings)
     bands = _resolve_bands(path, get("bands"))
+    confirm_configs, confirm_rounds = _resolve_confirm(path, get("confirm"), configs)
 
     seed = get("seed")
     return Spec(
@@ -300,6 +307,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
         reuse_process=bool(get("reuse_process")),
+        confirm_configs=confirm_configs, confirm_rounds=confirm_rounds,
     )
 
 
@@ -368,6 +376,37 @@ def _resolve_configs(path, raw: dict, base_env: dict, warnings: list[str]) -> tu
             raise SpecError(path, f"configs.{c.name}", "duplicate config name (a grid point has the same label)")
         seen.add(c.name)
     return tuple(configs)
+
+
+CONFIRM_KEYS = ("configs", "rounds")
+MAX_CONFIRM_ROUNDS = 200
+
+
+def _resolve_confirm(path, confirm: dict | None, configs) -> tuple[tuple[str, ...], int | None]:
+    """``confirm: {configs: [seed], rounds: 8}``: configs stage 2 answers either way, and a fixed
+    number of confirmation rounds (default: the fewest that can certify, at least 6)."""
+    if not confirm:
+        return (), None
+    for key in confirm:
+        if key not in CONFIRM_KEYS:
+            raise SpecError(path, f"confirm.{key}", f"unknown key (allowed: {', '.join(CONFIRM_KEYS)})")
+    names = confirm.get("configs") or []
+    if not isinstance(names, list):
+        raise SpecError(path, "confirm.configs", "must be a list of config names")
+    known = [c.name for c in configs]
+    for i, n in enumerate(names):
+        if not isinstance(n, str) or n not in known:
+            raise SpecError(path, f"confirm.configs[{i}]", f"{n!r} is not a config of this spec "
+                                                           f"(configs: {', '.join(known[1:]) or 'none'})")
+        if n == DEFAULT_CONFIG:
+            raise SpecError(path, f"confirm.configs[{i}]", "'default' is the reference every claim is tested against")
+    rounds = confirm.get("rounds")
+    if rounds is not None and rounds != "auto":
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or not 3 <= rounds <= MAX_CONFIRM_ROUNDS:
+            raise SpecError(path, "confirm.rounds", f"{rounds!r} must be auto or an integer 3..{MAX_CONFIRM_ROUNDS}")
+    else:
+        rounds = None
+    return tuple(dict.fromkeys(names)), rounds
 
 
 def _resolve_bands(path, bands: dict | None) -> dict[str, list]:
