@@ -7,6 +7,9 @@ Everything else keeps its traceback.
 
 from __future__ import annotations
 
+import re
+import reprlib
+
 # Exit codes: a short documented table (README "Exit codes").
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # a check ran and found a problem (check-env, detect, doctor)
@@ -32,3 +35,29 @@ class SpecError(CommdiagError):
     def __init__(self, path: str, field: str, problem: str):
         self.path, self.field, self.problem = str(path), field, problem
         super().__init__(f"{path}: {field}: {problem}")
+
+
+# What an error message may quote of a value the user gave: a YAML alias bomb or a 200 MB
+# line must never be rendered whole (reprlib stops at these sizes without walking the rest).
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxother = 80
+_BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxdict = _BRIEF.maxset = 6
+_BRIEF.maxlevel = 3
+
+
+def brief(value) -> str:
+    """A bounded ``repr`` of ``value`` for error messages (at most about 80 characters per string)."""
+    text = _BRIEF.repr(value)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+# C0 and C1 control characters, DEL, and the Unicode line/paragraph separators that
+# str.splitlines() and some terminals treat as line breaks; newline and tab are kept.
+_TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character except newline and tab shown as ``\\xNN``:
+    what a config name or a hostile interpreter's stderr may put on a terminal (OSC titles,
+    clear screen, cursor moves) is printed, never obeyed."""
+    return _TERMINAL_UNSAFE.sub(lambda m: ascii(m.group())[1:-1], str(text))

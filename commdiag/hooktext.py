@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import CommdiagError
+from .errors import CommdiagError, brief
 
 HOOK_MODULE = "commdiag_nccl_hook"  # the pth method's module, in the target's site-packages
 PTH_NAME = "commdiag-nccl.pth"
@@ -38,7 +38,11 @@ NCCL_CONF_MAX = 1023  # NCCL's setEnvFile copies names and values into char[1024
 # try/except BaseException here catches everything, including a missing or corrupted module.
 PTH_LINE = f'import sys; exec("try:\\n import {HOOK_MODULE}\\nexcept BaseException:\\n pass")\n'
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# The one escaping rule of every generated format (env/profile, systemd, nccl.conf, Python):
+# a value with any of these is refused (no quoting survives all readers: sh splits on LF only,
+# Python's splitlines also on CR, VT, FF, \x1c-\x1e, \x85 and U+2028/9); free text in a comment
+# goes through comment_safe, which escapes them and everything non-ASCII.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def comment_safe(text: str, *, nccl: bool = False) -> str:
@@ -60,7 +64,7 @@ def check_values(settings: dict[str, str]) -> None:
         if error:
             raise CommdiagError(f"{name}: {error}")
         if _CONTROL.search(value):
-            raise CommdiagError(f"{name}: value {value!r} contains a control character; "
+            raise CommdiagError(f"{name}: value {brief(value)} contains a control character; "
                                 "it could escape its quoting in a startup file")
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import difflib
 import re
 
+from .errors import brief
+
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT")
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
@@ -134,14 +136,23 @@ CHECKS = {
 }
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Longest value accepted: far above any real setting, far below the kernel's 128 KiB per
+# environment string (a longer one fails every exec with E2BIG).
+MAX_VALUE = 4096
+# C0 controls, DEL, C1 controls and the Unicode line separators (str.splitlines breaks on them)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def check_setting(name: str, value: str) -> tuple[str | None, str | None]:
     """Return ``(error, warning)`` for one ``NAME=VALUE`` setting; both None when fine."""
     if not _NAME.match(name):
-        return f"{name!r} is not a valid environment variable name (letters, digits, _)", None
-    if "\0" in value or "\n" in value:
-        return "value contains a NUL or newline character", None
+        return f"{brief(name)} is not a valid environment variable name (letters, digits, _)", None
+    if _CONTROL.search(value):
+        # NUL, newline, a lone CR, ... : one of sh, systemd, NCCL's conf reader or a terminal
+        # would read it differently from the others, so no target can carry it safely
+        return "value contains a control character (NUL, newline, CR, ...)", None
+    if len(value) > MAX_VALUE:
+        return f"value is {len(value)} characters, more than {MAX_VALUE}", None
     check = CHECKS.get(name)
     if check is not None:
         return check(value), None

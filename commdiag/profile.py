@@ -27,11 +27,15 @@ from pathlib import Path
 
 from . import ncclvars
 from .atomic import write_text
-from .errors import CommdiagError
+from .errors import CommdiagError, brief
 
 PROFILE_HEADER = "# commdiag-profile"
 PROFILE_VERSION = 1
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:^/+=-]*$")
+_META_KEY = re.compile(r"[A-Za-z_][\w-]*")
+# Within a line, anything sh would not read as plain text of that line: a lone CR (sh keeps it
+# in the value, Python's splitlines makes it two lines), other C0/C1 controls, U+2028/9.
+_LINE_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -40,8 +44,19 @@ class Profile:
     meta: dict[str, str] = field(default_factory=dict)  # source, created, ... (free text)
 
     def render(self) -> str:
+        """The file's text.  Every line is exactly one line for sh, systemd and ``parse``:
+        meta keys are identifiers and meta values go through ``hooktext.comment_safe``
+        (control characters and non-ASCII escaped, so a band name or run-folder path with a
+        newline cannot end its comment), settings are validated names and values without
+        control characters (``hooktext.check_values``), quoted shell-style."""
+        from .hooktext import check_values, comment_safe
+
+        check_values(self.settings)
         lines = [f"{PROFILE_HEADER} {PROFILE_VERSION}"]
-        lines += [f"# {k}: {v}" for k, v in self.meta.items()]
+        for k, v in self.meta.items():
+            if not _META_KEY.fullmatch(str(k)):
+                raise CommdiagError(f"profile metadata key {brief(k)} is not an identifier")
+            lines.append(f"# {k}: {comment_safe(v)}")
         for name, value in self.settings.items():
             lines.append(f"{name}={value if _PLAIN.match(value) else shlex.quote(value)}")
         return "\n".join(lines) + "\n"
@@ -52,7 +67,19 @@ def save(path: str | Path, profile: Profile) -> None:
 
 
 def parse(text: str, origin: str = "<profile>") -> Profile:
-    lines = text.splitlines()
+    """Read a profile the way sh reads it (lines end at LF only); a line sh and Python would
+    read differently (a lone CR, other control characters) is refused, never guessed at.
+    A leading UTF-8 byte-order mark (some editors add one) is ignored."""
+    text = text.removeprefix("\ufeff")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for n, line in enumerate(lines, start=1):
+        bad = _LINE_CONTROL.search(line)
+        if bad:
+            what = "a carriage return (CR)" if bad.group() == "\r" else f"control character {ascii(bad.group())}"
+            raise CommdiagError(f"{origin}: line {n}: contains {what}; sh and commdiag would read this line "
+                                "differently, so it is refused (save the file with plain LF line ends)")
     if not lines or not lines[0].startswith(PROFILE_HEADER):
         raise CommdiagError(f"{origin}: line 1: expected '{PROFILE_HEADER} {PROFILE_VERSION}' (is this a commdiag profile?)")
     try:
@@ -75,12 +102,18 @@ def parse(text: str, origin: str = "<profile>") -> Profile:
             continue
         name, sep, raw = stripped.partition("=")
         if not sep:
-            raise CommdiagError(f"{origin}: line {n}: expected NAME=VALUE, got {stripped!r}")
+            raise CommdiagError(f"{origin}: line {n}: expected NAME=VALUE, got {brief(stripped)}")
         try:
             parts = shlex.split(raw) if raw else [""]
         except ValueError as e:
             raise CommdiagError(f"{origin}: line {n}: {name}: bad quoting ({e})") from None
-        value = " ".join(parts)
+        if len(parts) != 1:  # sh would run the second word as a command with NAME set for it
+            raise CommdiagError(f"{origin}: line {n}: {name}: the value is {len(parts)} words; quote it "
+                                "(sh would run the rest of the line as a command)")
+        if _expands(raw):
+            raise CommdiagError(f"{origin}: line {n}: {name}: '$' or '`' outside single quotes; sh would "
+                                "expand it (run a command, read a variable) when the file is sourced")
+        value = parts[0]
         error, _ = ncclvars.check_setting(name, value)
         if error:
             raise CommdiagError(f"{origin}: line {n}: {name}: {error}")
@@ -90,6 +123,26 @@ def parse(text: str, origin: str = "<profile>") -> Profile:
         settings[name] = value
         first_line[name] = n
     return Profile(settings, meta)
+
+
+def _expands(raw: str) -> bool:
+    """True when sh would expand something in ``raw``: ``$`` or a backquote that is neither in
+    single quotes nor backslash-escaped (double quotes do not stop expansion)."""
+    state, i = None, 0
+    while i < len(raw):
+        c = raw[i]
+        if state == "'":
+            state = None if c == "'" else state
+        elif c == "\\":
+            i += 1  # the next character is literal
+        elif c in "$`":
+            return True
+        elif c == "'" and state is None:
+            state = "'"
+        elif c == '"':
+            state = None if state == '"' else '"'
+        i += 1
+    return False
 
 
 def load(path: str | Path) -> Profile:

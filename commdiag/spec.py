@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import yaml
 
 from . import ncclvars
 from .collectives import DTYPE_BYTES
-from .errors import SpecError
+from .errors import SpecError, brief, terminal_safe
 
 BACKENDS = ("nccl", "gloo")
 MODES = ("graph", "eager")
@@ -32,6 +34,31 @@ DEFAULT_CONFIG = "default"
 # Size bands for verdicts (tokens, inclusive); null = unbounded.  Decode steps and
 # speculative verify steps send 1..64 tokens, prefill chunks 256 and more.
 DEFAULT_BANDS = {"decode": [1, 64], "prefill": [256, None]}
+# Names that reach file names and file content (run folder, profile-<band>.env, profile
+# comments): a plain charset, so no quoting rule of any format is ever needed for them.
+NAME_RE = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
+BAND_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+MAX_CONFIG_NAME = 120
+# Upper bounds: far above any real sweep, low enough that a typo (trials: 100000000, a
+# 20,000-point grid, nproc_per_node: 1000 on gloo) fails here instead of exhausting the
+# machine.  ``allow_large: true`` lifts the caps marked (L) for a sweep that really is that big.
+LIMITS = {
+    "nproc_per_node": 64,       # ranks per node (GPUs per box; gloo forks one process each)
+    "nnodes": 1024,
+    "trials": 1000,             # (L)
+    "warmup": 100_000,          # (L)
+    "iters": 100_000,           # (L)
+    "batch": 100_000,           # (L) all-reduces per sample window
+    "window_us": 10_000_000,    # 10 s of device time per sample
+    "timeout_s": 7 * 24 * 3600,  # a week: a deadline must exist and be finite
+    "sizes": 1000,              # distinct message sizes (L)
+    "size_bytes": 1 << 36,      # 64 GiB per rank: more than any GPU holds
+    "hidden": 1 << 24,
+    "configs": 1000,            # configs incl. every grid point (L)
+    "launches": 20_000,         # configs x trials (L); run.json is rewritten after each launch
+    "bands": 64,
+}
+LARGE_OK = {"trials", "warmup", "iters", "batch", "sizes", "configs", "launches"}
 
 # key -> (allowed types, default, description used in errors)
 _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
@@ -59,6 +86,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "seed": ((int, type(None)), None),
     "bands": ((dict, type(None)), None),
     "confirm": ((dict, type(None)), None),
+    "allow_large": ((bool,), False),
 }
 
 
@@ -143,10 +171,10 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         text = path.read_text()
     except OSError as e:
         raise SpecError(path, "(file)", f"cannot read: {e.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError(path, "(yaml)", f"not valid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(path, "(file)", f"not UTF-8 text (byte {e.start} cannot be decoded); "
+                                        "save the spec as UTF-8") from None
+    raw = parse_yaml(text, path)
     if not isinstance(raw, dict):
         raise SpecError(path, "(top level)", "must be a mapping of keys (name, backend, sizes, ...)")
     set_keys = {}
@@ -162,6 +190,53 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         raise
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error
+    (plain PyYAML keeps the last silently: two ``configs.a``, ``trials`` twice)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # << merges may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the base class reports it
+                    continue
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {brief(key)} (first on line {first.line + 1}); "
+                                    "give each key once", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str, path: Path | str = "<spec>"):
+    """YAML text to Python, duplicate keys refused; any failure is one SpecError."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.MarkedYAMLError as e:  # one line: where, and what
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = " ".join(x for x in (e.context, e.problem) if x)
+        raise SpecError(path, "(yaml)", f"not valid YAML: {where}{_clip(what)}") from None
+    except yaml.YAMLError as e:
+        raise SpecError(path, "(yaml)", f"not valid YAML: {_clip(' '.join(str(e).split()))}") from None
+    except RecursionError:
+        raise SpecError(path, "(yaml)", "nested too deeply to be a sweep spec") from None
+
+
+def _fld(name) -> str:
+    """A key as it appears in a field path: as given when short, else cut (never a whole bomb)."""
+    text = terminal_safe(str(name) if isinstance(name, (str, int, float)) else brief(name))
+    return text.replace("\n", "\\n") if len(text) <= 80 else text[:77].replace("\n", "\\n") + "..."
+
+
+def _clip(text: str, limit: int = 600) -> str:
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
 def apply_override(raw: dict, item: str, path: Path | str = "--set") -> None:
     """``--set trials=5`` or ``--set base_env.NCCL_DEBUG=WARN``; the value is parsed as YAML."""
     key, sep, value = item.partition("=")
@@ -172,13 +247,17 @@ def apply_override(raw: dict, item: str, path: Path | str = "--set") -> None:
         raise SpecError("--set", key, f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
     target = raw
     for p in parts[:-1]:
-        target = target.setdefault(p, {})
+        if target.get(p) is None:  # absent, or an empty ``configs:`` (YAML null)
+            target[p] = {}
+        target = target[p]
         if not isinstance(target, dict):
             raise SpecError("--set", key, f"{p} is not a mapping")
     try:
-        target[parts[-1]] = yaml.safe_load(value) if value != "" else ""
+        target[parts[-1]] = yaml.load(value, Loader=_StrictLoader) if value != "" else ""  # noqa: S506
     except yaml.YAMLError:
         target[parts[-1]] = value
+    except RecursionError:
+        raise SpecError("--set", key, "value nested too deeply") from None
 
 
 def _type_name(types: tuple[type, ...]) -> str:
@@ -189,7 +268,7 @@ def _type_name(types: tuple[type, ...]) -> str:
 
 def _env_value(path, fld: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise SpecError(path, fld, f"{value!r} must be a string or number (quote values like \"1\" or \"yes\")")
+        raise SpecError(path, fld, f"{brief(value)} must be a string or number (quote values like \"1\" or \"yes\")")
     return str(value)
 
 
@@ -200,7 +279,7 @@ def _env_map(path, fld: str, value: Any, warnings: list[str]) -> dict[str, str]:
         raise SpecError(path, fld, "must be a mapping of VARIABLE: value")
     out = {}
     for name, v in value.items():
-        sub = f"{fld}.{name}"
+        sub = f"{fld}.{_fld(name)}"
         text = _env_value(path, sub, v)
         error, warning = ncclvars.check_setting(str(name), text)
         if error:
@@ -219,7 +298,7 @@ def _choices(path, key: str, values: list, allowed: tuple[str, ...], nccl_only: 
         raise SpecError(path, key, f"must list at least one of {', '.join(allowed)}")
     for i, v in enumerate(values):
         if v not in allowed:
-            raise SpecError(path, f"{key}[{i}]", f"{v!r} is not one of {', '.join(allowed)}")
+            raise SpecError(path, f"{key}[{i}]", f"{brief(v)} is not one of {', '.join(allowed)}")
         if v in nccl_only and backend != "nccl":
             raise SpecError(path, f"{key}[{i}]", nccl_only[v])
     return tuple(dict.fromkeys(values))
@@ -227,54 +306,85 @@ def _choices(path, key: str, values: list, allowed: tuple[str, ...], nccl_only: 
 
 def _positive_int(path, fld, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(path, fld, f"{value!r} must be an integer >= {minimum}")
+        raise SpecError(path, fld, f"{brief(value)} must be an integer >= {minimum}")
     return value
+
+
+_LARGE_HINT = "set allow_large: true if the sweep really is that big"
+
+
+def _bounded_int(path, fld, value, minimum=1, *, large=False, limit_key=None):
+    """An integer in minimum..LIMITS[key]; the (L) caps are lifted by ``allow_large: true``."""
+    _positive_int(path, fld, value, minimum)
+    key = limit_key or fld
+    if value > LIMITS[key] and not (large and key in LARGE_OK):
+        hint = f"; {_LARGE_HINT}" if key in LARGE_OK else ""
+        raise SpecError(path, fld, f"{value} is more than the limit of {LIMITS[key]}{hint}")
+    return value
+
+
+def _bounded_number(path, fld, value, unit):
+    """A finite number > 0 and at most LIMITS[fld] (nan or inf would disable a deadline)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SpecError(path, fld, f"{brief(value)} must be a finite number > 0 {unit}")
+    if value > LIMITS[fld]:
+        raise SpecError(path, fld, f"{value:g} {unit} is more than the limit of {LIMITS[fld]:g}")
+    return value
+
+
+def _check_endpoint(path, rdzv: str) -> None:
+    """``host:port`` with a port 1..65535 in ASCII digits (``str.isdigit`` also accepts '٣')."""
+    host, sep, port = rdzv.rpartition(":")
+    if not sep or not host or not re.fullmatch(r"[0-9]{1,5}", port) or not 1 <= int(port) <= 65535:
+        raise SpecError(path, "rdzv_endpoint", f"{brief(rdzv)} must be host:port with a port 1..65535")
+    if re.search(r"[\s\x00-\x1f\x7f-\x9f]", host):
+        raise SpecError(path, "rdzv_endpoint", f"{brief(rdzv)}: the host has whitespace or control characters")
 
 
 def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     warnings: list[str] = []
     for key, value in raw.items():
         if key not in _TOP_KEYS:
-            raise SpecError(path, str(key), f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
+            raise SpecError(path, _fld(key), f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
         types, _ = _TOP_KEYS[key]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-            raise SpecError(path, key, f"{value!r} must be {_type_name(types)}")
+            raise SpecError(path, key, f"{brief(value)} must be {_type_name(types)}")
     get = lambda k: raw.get(k, _TOP_KEYS[k][1])  # noqa: E731
 
     name = get("name")
     if not name or not str(name).strip():
         raise SpecError(path, "name", "required: a short name used in the run folder name")
-    if any(c in name for c in "/\\\0\n"):
-        raise SpecError(path, "name", f"{name!r} must not contain '/', '\\', NUL or newlines")
+    if not NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise SpecError(path, "name", f"{brief(name)}: 1-64 characters from A-Z a-z 0-9 _ . + - "
+                                      "(it becomes part of the run folder's name)")
     backend = get("backend")
     if backend not in BACKENDS:
-        raise SpecError(path, "backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
+        raise SpecError(path, "backend", f"{brief(backend)} is not one of {', '.join(BACKENDS)}")
     dtype = get("dtype")
     if dtype not in DTYPE_BYTES:
-        raise SpecError(path, "dtype", f"{dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        raise SpecError(path, "dtype", f"{brief(dtype)} is not one of {', '.join(DTYPE_BYTES)}")
     nproc = get("nproc_per_node")
     if nproc is None and backend == "gloo":
         nproc = 2
     if nproc is not None:
-        _positive_int(path, "nproc_per_node", nproc)
-    nnodes = _positive_int(path, "nnodes", get("nnodes"))
+        _bounded_int(path, "nproc_per_node", nproc)
+    nnodes = _bounded_int(path, "nnodes", get("nnodes"))
     rdzv = get("rdzv_endpoint")
     if nnodes > 1 and not rdzv:
         raise SpecError(path, "rdzv_endpoint", "required when nnodes > 1: host:port of the c10d rendezvous")
-    if rdzv and (":" not in rdzv or not rdzv.rsplit(":", 1)[1].isdigit()):
-        raise SpecError(path, "rdzv_endpoint", f"{rdzv!r} must be host:port")
-    trials = _positive_int(path, "trials", get("trials"))
-    warmup = _positive_int(path, "warmup", get("warmup"), minimum=0)
-    iters = _positive_int(path, "iters", get("iters"))
+    if rdzv:
+        _check_endpoint(path, rdzv)
+    large = bool(get("allow_large"))
+    trials = _bounded_int(path, "trials", get("trials"), large=large)
+    warmup = _bounded_int(path, "warmup", get("warmup"), minimum=0, large=large)
+    iters = _bounded_int(path, "iters", get("iters"), large=large)
     batch = get("batch")
     if batch != "auto":
-        _positive_int(path, "batch", batch)
-    window_us = get("window_us")
-    if window_us <= 0:
-        raise SpecError(path, "window_us", f"{window_us!r} must be > 0 microseconds")
-    timeout_s = get("timeout_s")
-    if timeout_s <= 0:
-        raise SpecError(path, "timeout_s", f"{timeout_s!r} must be > 0 seconds")
+        if isinstance(batch, str):
+            raise SpecError(path, "batch", f"{brief(batch)} must be auto or an integer >= 1")
+        _bounded_int(path, "batch", batch, large=large)
+    window_us = _bounded_number(path, "window_us", get("window_us"), "microseconds")
+    timeout_s = _bounded_number(path, "timeout_s", get("timeout_s"), "seconds")
 
     modes = get("modes")
     if modes is None:
@@ -291,11 +401,14 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
                     {"nccl-direct": "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch"}, backend)
     replay_stream = get("replay_stream")
     if replay_stream not in REPLAY_STREAMS:
-        raise SpecError(path, "replay_stream", f"{replay_stream!r} is not one of {', '.join(REPLAY_STREAMS)}")
+        raise SpecError(path, "replay_stream", f"{brief(replay_stream)} is not one of {', '.join(REPLAY_STREAMS)}")
 
-    sizes = _resolve_sizes(path, get("sizes"), dtype)
+    sizes = _resolve_sizes(path, get("sizes"), dtype, large)
     base_env = _env_map(path, "base_env", get("base_env"), warnings)
-    configs = _resolve_configs(path, raw, base_env, warnings)
+    configs = _resolve_configs(path, raw, base_env, warnings, large)
+    if not large and len(configs) * trials > LIMITS["launches"]:
+        raise SpecError(path, "trials", f"{len(configs)} configs x {trials} trials = {len(configs) * trials} "
+                                        f"launches, more than {LIMITS['launches']}; {_LARGE_HINT}")
     bands = _resolve_bands(path, get("bands"))
     confirm_configs, confirm_rounds = _resolve_confirm(path, get("confirm"), configs)
 
@@ -311,7 +424,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     )
 
 
-def _resolve_sizes(path, sizes: dict | None, dtype: str) -> tuple[Size, ...]:
+def _resolve_sizes(path, sizes: dict | None, dtype: str, large: bool = False) -> tuple[Size, ...]:
     if not sizes:
         raise SpecError(path, "sizes", "required: give sizes.tokens with sizes.hidden, or sizes.bytes")
     unknown = set(sizes) - {"hidden", "tokens", "bytes"}
@@ -325,16 +438,23 @@ def _resolve_sizes(path, sizes: dict | None, dtype: str) -> tuple[Size, ...]:
     if tokens:
         hidden = sizes.get("hidden")
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise SpecError(path, "sizes.hidden", f"{hidden!r}: an integer >= 1 is required with sizes.tokens")
+            raise SpecError(path, "sizes.hidden", f"{brief(hidden)}: an integer >= 1 is required with sizes.tokens")
+        _bounded_int(path, "sizes.hidden", hidden, limit_key="hidden")
+    explicit = sizes.get("bytes") or []
+    if isinstance(explicit, list) and len(tokens) + len(explicit) > LIMITS["sizes"] and not large:
+        raise SpecError(path, "sizes", f"{len(tokens) + len(explicit)} sizes, more than {LIMITS['sizes']}; "
+                                       + _LARGE_HINT)
     for i, t in enumerate(tokens):
         _positive_int(path, f"sizes.tokens[{i}]", t)
         b = t * sizes["hidden"] * elem
+        if b > LIMITS["size_bytes"]:
+            raise SpecError(path, f"sizes.tokens[{i}]", f"{t} tokens are {b} bytes per rank, more than "
+                                                        f"the limit of {LIMITS['size_bytes']}")
         out[b] = Size(bytes=b, tokens=t)
-    explicit = sizes.get("bytes") or []
     if not isinstance(explicit, list):
         raise SpecError(path, "sizes.bytes", "must be a list of byte counts")
     for i, b in enumerate(explicit):
-        _positive_int(path, f"sizes.bytes[{i}]", b)
+        _bounded_int(path, f"sizes.bytes[{i}]", b, limit_key="size_bytes")
         if b % elem:
             raise SpecError(path, f"sizes.bytes[{i}]", f"{b} is not a multiple of {elem} ({dtype} element size)")
         out.setdefault(b, Size(bytes=b))
@@ -343,26 +463,36 @@ def _resolve_sizes(path, sizes: dict | None, dtype: str) -> tuple[Size, ...]:
     return tuple(out[b] for b in sorted(out))
 
 
+_NAME_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def _check_config_name(path, fld: str, name: str) -> None:
-    if not name or any(c in name for c in "\0\n\r") or len(name) > 120:
-        raise SpecError(path, fld, "config names must be 1-120 characters without newlines or NUL")
+    """Config names reach terminals, HTML, CSV and profile comments: printable text only."""
+    if not name or _NAME_CONTROL.search(name) or len(name) > MAX_CONFIG_NAME:
+        raise SpecError(path, _fld(fld), f"config names must be 1-{MAX_CONFIG_NAME} characters "
+                                          "without control characters (newline, CR, ESC, NUL, ...)")
 
 
-def _resolve_configs(path, raw: dict, base_env: dict, warnings: list[str]) -> tuple[Config, ...]:
+def _resolve_configs(path, raw: dict, base_env: dict, warnings: list[str], large: bool = False) -> tuple[Config, ...]:
     configs = [Config(DEFAULT_CONFIG, dict(base_env), {}, "default")]
     named = raw.get("configs") or {}
+    grid = raw.get("grid") or {}
+    points = math.prod(len(v) for v in grid.values() if isinstance(v, list)) if grid else 0
+    if 1 + len(named) + points > LIMITS["configs"] and not large:  # counted before expanding the grid
+        raise SpecError(path, "grid" if points else "configs",
+                        f"{1 + len(named) + points} configs (default, {len(named)} named, {points} grid points), "
+                        f"more than {LIMITS['configs']}; {_LARGE_HINT}")
     for cname, env in named.items():
         cname = str(cname)
-        fld = f"configs.{cname}"
+        fld = f"configs.{_fld(cname)}"
         _check_config_name(path, fld, cname)
         if cname == DEFAULT_CONFIG:
             raise SpecError(path, fld, "'default' is always added (base_env only) and cannot be redefined")
         overrides = _env_map(path, fld, env if env is not None else {}, warnings)
         configs.append(Config(cname, {**base_env, **overrides}, overrides, "configs"))
-    grid = raw.get("grid") or {}
     axes = []
     for var, values in grid.items():
-        fld = f"grid.{var}"
+        fld = f"grid.{_fld(var)}"
         if not isinstance(values, list) or not values:
             raise SpecError(path, fld, "must be a non-empty list of values")
         axes.append([(str(var), _env_map(path, fld, {var: v}, warnings)[str(var)]) for v in values])
@@ -396,14 +526,14 @@ def _resolve_confirm(path, confirm: dict | None, configs) -> tuple[tuple[str, ..
     known = [c.name for c in configs]
     for i, n in enumerate(names):
         if not isinstance(n, str) or n not in known:
-            raise SpecError(path, f"confirm.configs[{i}]", f"{n!r} is not a config of this spec "
+            raise SpecError(path, f"confirm.configs[{i}]", f"{brief(n)} is not a config of this spec "
                                                            f"(configs: {', '.join(known[1:]) or 'none'})")
         if n == DEFAULT_CONFIG:
             raise SpecError(path, f"confirm.configs[{i}]", "'default' is the reference every claim is tested against")
     rounds = confirm.get("rounds")
     if rounds is not None and rounds != "auto":
         if isinstance(rounds, bool) or not isinstance(rounds, int) or not 3 <= rounds <= MAX_CONFIRM_ROUNDS:
-            raise SpecError(path, "confirm.rounds", f"{rounds!r} must be auto or an integer 3..{MAX_CONFIRM_ROUNDS}")
+            raise SpecError(path, "confirm.rounds", f"{brief(rounds)} must be auto or an integer 3..{MAX_CONFIRM_ROUNDS}")
     else:
         rounds = None
     return tuple(dict.fromkeys(names)), rounds
@@ -412,15 +542,21 @@ def _resolve_confirm(path, confirm: dict | None, configs) -> tuple[tuple[str, ..
 def _resolve_bands(path, bands: dict | None) -> dict[str, list]:
     if bands is None:
         return {k: list(v) for k, v in DEFAULT_BANDS.items()}
+    if len(bands) > LIMITS["bands"]:
+        raise SpecError(path, "bands", f"{len(bands)} bands, more than {LIMITS['bands']}")
     out = {}
     for name, rng in bands.items():
+        if not isinstance(name, str) or not BAND_RE.fullmatch(name):
+            # a band name becomes a file name (profile-<band>.env) and a profile comment
+            raise SpecError(path, f"bands.{_fld(name)}", "band names are 1-64 characters from "
+                                                          "A-Z a-z 0-9 _ . - (they name profile-<band>.env)")
         fld = f"bands.{name}"
         if not isinstance(rng, list) or len(rng) != 2:
             raise SpecError(path, fld, "must be [min_tokens, max_tokens] (null for unbounded)")
         lo, hi = rng
         for v, which in ((lo, "min"), (hi, "max")):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise SpecError(path, fld, f"{which} {v!r} must be a token count or null")
+                raise SpecError(path, fld, f"{which} {brief(v)} must be a token count or null")
         if lo is not None and hi is not None and lo > hi:
             raise SpecError(path, fld, f"min {lo} > max {hi}")
         out[str(name)] = [lo, hi]
