@@ -16,21 +16,51 @@ from . import __version__, errors
 
 
 def _fail(e: errors.CommdiagError) -> None:
-    click.echo(f"commdiag: error: {e}", err=True)
+    click.echo(f"commdiag: error: {errors.terminal_safe(e)}", err=True)
     sys.exit(e.exit_code)
 
 
+def _unexpected(e: BaseException, command: str | None) -> str:
+    """One line for an exception nobody turned into a CommdiagError: what failed, on which file."""
+    if isinstance(e, OSError) and e.strerror:
+        what = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+        if e.filename2:
+            what += f" ({e.filename2})"
+    else:
+        what = f"{type(e).__name__}: {e}"
+    what = " ".join(errors.terminal_safe(what).split())
+    if len(what) > 400:
+        what = what[:400] + " [...]"
+    return (f"commdiag: error: {command or 'commdiag'} failed: {what} "
+            "(run with --debug for the traceback)")
+
+
 class _Group(click.Group):
+    """Catches once what the commands raise: a CommdiagError is its message and exit code;
+    any other exception is one line naming what failed (exit 2), its traceback behind --debug."""
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except errors.CommdiagError as e:
             _fail(e)
+        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("commdiag: interrupted", err=True)
+            sys.exit(errors.EXIT_INTERRUPTED)
+        except Exception as e:
+            if ctx.params.get("debug"):
+                raise
+            click.echo(_unexpected(e, ctx.invoked_subcommand), err=True)
+            sys.exit(errors.EXIT_USAGE)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="commdiag")
-def main() -> None:
+@click.option("--debug", is_flag=True, envvar="COMMDIAG_DEBUG",
+              help="Show the full traceback of an unexpected error (also COMMDIAG_DEBUG=1).")
+def main(debug: bool) -> None:
     """NCCL/PCIe communication diagnostics: did the settings arrive, did NCCL apply them,
     do they help at my message sizes by more than the noise."""
 
@@ -48,7 +78,8 @@ def _progress_line(p) -> str:
     bar = "#" * filled + "." * (width - filled)
     l = p.launch
     extra = f" ({l.get('error')})" if l["status"] != "ok" else ""
-    return (f"[{bar}] {p.done}/{p.total}  {l['config']} trial {l['trial']}: {l['status']}{extra} "
+    where = f"stage 2 round {l['round'] + 1}" if l.get("stage") == 2 else f"trial {l['trial']}"
+    return (f"[{bar}] {p.done}/{p.total}  {l['config']} {where}: {l['status']}{extra} "
             f"in {l.get('wall_s', 0):.1f}s  ETA {_fmt_s(p.eta_s)}")
 
 
@@ -63,32 +94,52 @@ def _progress_line(p) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 @click.option("--explain", is_flag=True,
               help="After timing, one untimed launch per config with NCCL's TUNING log: what NCCL chose (GPU).")
-def sweep(spec_file, sets, out, resume, as_json, explain):
-    """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial)."""
+@click.option("--no-confirm", is_flag=True,
+              help="Stop after screening (stage 1): estimates only, no certified verdict, no profile; "
+                   "commdiag confirm RUN_DIR certifies later.")
+@click.option("--certify-sizes", is_flag=True,
+              help="Also certify every config x size (one-stage exact test): raises trials to what that needs "
+                   "(9-11 launches per config); the cost is printed before the first launch.")
+def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes):
+    """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial), then
+    confirm the screening's candidates on fresh launches (stage 2) for a certified answer."""
     from . import report, results, spec as spec_mod, sweep as sweep_mod
 
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
-    if resume is not None and (spec_file is not None or sets or out is not None):
+    if resume is not None and (spec_file is not None or sets or out is not None or no_confirm or certify_sizes):
         # the run folder holds its spec; anything given beside it would be silently ignored
         raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "
-                               "do not give a SPEC_FILE, --set or --out with it")
+                               "do not give a SPEC_FILE, --set, --out, --no-confirm or --certify-sizes with it")
     spec = None
     if resume is None:
         spec = spec_mod.load_spec(spec_file, sets)
         for w in spec.warnings:
             click.echo(f"commdiag: warning: {w}", err=True)
     progress = None if as_json else (lambda p: click.echo(_progress_line(p), err=True))
-    res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress)
+    res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
+                              confirm=not no_confirm, certify_sizes=certify_sizes)
     if explain and res.state == "complete":
         from . import explain as explain_mod
 
         explain_mod.run_explain(res.run_dir)
+    _finish_run(res, as_json)
+
+
+def _print_plan(plan) -> None:
+    for line in plan.lines:
+        click.echo(line, err=True)
+
+
+def _finish_run(res, as_json: bool) -> None:
+    """What sweep and confirm print at the end: the table, the two-stage answer, report and profiles."""
+    from . import report, results
+
     data = results.load_run(res.run_dir)
     # Verdicts, report and profiles need every launch: an interrupted run has none of them yet.
     pub = report.publish(res.run_dir) if res.state == "complete" else None
     if as_json:
-        click.echo(json.dumps({"format": "commdiag-sweep-result", "version": 1, "run_dir": str(res.run_dir),
+        click.echo(json.dumps({"format": "commdiag-sweep-result", "version": 2, "run_dir": str(res.run_dir),
                                "state": res.state, "launches": res.counts,
                                "summary": json.loads(data.summary.to_json(orient="records")),
                                "verdicts": pub.verdicts.to_json() if pub else None,
@@ -100,7 +151,7 @@ def sweep(spec_file, sets, out, resume, as_json, explain):
             click.echo("\n" + report.render_verdicts(pub.verdicts))
             click.echo(f"\nreport: {pub.report}")
             click.echo("profiles: " + (", ".join(str(res.run_dir / p) for p in pub.profiles) if pub.profiles
-                                       else "none (no significant winner: keep NCCL defaults)"))
+                                       else "none (no certified winner: keep NCCL defaults)"))
         click.echo(f"\nrun folder: {res.run_dir}   launches: "
                    + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
         if res.state == "interrupted":
@@ -109,6 +160,21 @@ def sweep(spec_file, sets, out, resume, as_json, explain):
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
+
+
+@main.command("confirm")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--rounds", type=click.IntRange(3, 200), default=None,
+              help="Rounds of stage 2 (default: the fewest that can certify, at least 6). On a confirmed run: "
+                   "add this many rounds (a further look, tested at half the previous threshold).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
+def confirm_cmd(run_dir, rounds, as_json):
+    """Stage 2 on an existing run: confirm the screening's candidates on fresh launches (or finish or extend it)."""
+    from . import sweep as sweep_mod
+
+    progress = None if as_json else (lambda p: click.echo(_progress_line(p), err=True))
+    res = sweep_mod.run_confirm(run_dir, rounds=rounds, on_progress=progress, on_plan=_print_plan)
+    _finish_run(res, as_json)
 
 
 @main.command("explain")
@@ -140,7 +206,10 @@ def explain_cmd(run_dir, as_json, no_run):
 def report_cmd(run_dir, out, as_json):
     """Write the HTML report of a run folder (offline, one file) and print the verdicts; never measures."""
     from . import report
+    from .atomic import check_target
 
+    if out is not None:
+        check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
     path, verdicts = report.write_report(run_dir, out)
     if as_json:
         click.echo(json.dumps({"format": "commdiag-verdicts", "version": 1, "run_dir": str(run_dir),
@@ -159,8 +228,10 @@ def report_cmd(run_dir, out, as_json):
 def compare_cmd(run_a, run_b, as_json, html_out):
     """Compare two run folders: per config x size x mode, did B change beyond the noise of either run?"""
     from . import compare
-    from .atomic import write_text
+    from .atomic import check_target, write_text
 
+    if html_out is not None:
+        check_target(html_out)
     res = compare.run(run_a, run_b)
     if html_out:
         write_text(html_out, compare.build_html(res))
