@@ -144,28 +144,58 @@ def launch_wrong(result: dict) -> dict[int, int]:
     return out
 
 
-def assemble(run_dir: str | Path, run: dict | None = None):
-    """(Re)build samples.csv and summary.csv from the launch folders; returns (samples, summary)."""
+def _read_results(run_dir: Path, run: dict) -> tuple[list[tuple[dict, dict]], list[str]]:
+    """(launch, result) for every finished launch whose result.json reads, and the problems:
+    a result.json that exists but is not a launch result (truncated, corrupt)."""
+    found, problems = [], []
+    for launch in run["launches"]:
+        if not isinstance(launch, dict) or launch.get("status") == PENDING:
+            continue
+        path = launch_dir(run_dir, launch["index"]) / "result.json"
+        try:
+            result = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue  # a crashed or timed-out launch writes none; its status says so
+        except (OSError, ValueError) as e:
+            problems.append(f"{path}: cannot read ({e.__class__.__name__}: {str(e)[:120]})")
+            continue
+        if not isinstance(result, dict) or not isinstance(result.get("ranks"), list) or not result["ranks"]:
+            problems.append(f"{path}: not a commdiag launch result")
+            continue
+        found.append((launch, result))
+    return found, problems
+
+
+def assemble(run_dir: str | Path, run: dict | None = None, *, write: bool = True):
+    """Build samples.csv and summary.csv from the launch folders; returns (samples, summary).
+
+    ``write=True`` is for the sweep only (it just measured the launch folders): the tables are
+    rewritten.  Read-only commands (report, compare, load_run) call ``write=False`` and refuse
+    a corrupt result.json instead of silently dropping that launch's rows."""
     import pandas as pd
 
     run_dir = Path(run_dir)
     run = run or load_run_json(run_dir)
     tokens_by_size = {s["bytes"]: s["tokens"] for s in run["spec"]["sizes"]}
     rows, wrong = [], {}
-    for launch in run["launches"]:
-        if launch["status"] == PENDING:
-            continue
-        result = read_launch_result(run_dir, launch["index"])
-        if result is None:
-            continue
-        rows.extend(launch_samples(result, launch, tokens_by_size))
-        for size, n in launch_wrong(result).items():
-            wrong[(launch["config"], size)] = wrong.get((launch["config"], size), 0) + n
+    found, problems = _read_results(run_dir, run)
+    if problems and not write:
+        raise CommdiagError(f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                            + "; the run's samples cannot be rebuilt without it, and nothing was written")
+    try:
+        for launch, result in found:
+            rows.extend(launch_samples(result, launch, tokens_by_size))
+            for size, n in launch_wrong(result).items():
+                wrong[(launch["config"], size)] = wrong.get((launch["config"], size), 0) + n
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CommdiagError(f"{run_dir}: a launch's result.json has an unexpected shape ({e.__class__.__name__}: "
+                            f"{str(e)[:120]}); nothing was written") from None
     samples = pd.DataFrame(rows, columns=SAMPLES_COLUMNS)
     samples["tokens"] = samples["tokens"].astype("Int64")
-    write_text(run_dir / "samples.csv", samples.to_csv(index=False))
     summary = summarize(samples, wrong, nranks=run.get("world_size") or 0)
-    write_text(run_dir / "summary.csv", summary.to_csv(index=False))
+    if write:
+        write_text(run_dir / "samples.csv", samples.to_csv(index=False))
+        write_text(run_dir / "summary.csv", summary.to_csv(index=False))
     return samples, summary
 
 
@@ -210,18 +240,53 @@ class RunData:
 
 
 def load_run(run_dir: str | Path) -> RunData:
-    import pandas as pd
+    """run.json and its tables, read only: this never writes into the run folder.
 
+    The tables come from samples.csv (or the archived samples.csv.gz) with summary.csv; a folder
+    without them is rebuilt in memory from its launch folders.  Missing or unreadable measured
+    data is one CommdiagError, never an empty table written over what was there."""
     run_dir = Path(run_dir)
     run = load_run_json(run_dir)
     # Archived runs (benchmarks/) may keep samples gzipped and no launch folders.
     samples_path = next((p for p in (run_dir / "samples.csv", run_dir / "samples.csv.gz") if p.exists()), None)
-    if samples_path is None or not (run_dir / "summary.csv").exists():
-        samples, summary = assemble(run_dir, run)
+    summary_path = run_dir / "summary.csv"
+    finished = [l for l in run["launches"] if isinstance(l, dict) and l.get("status") != PENDING]
+    if samples_path is not None and summary_path.exists():
+        samples, summary = _read_table(samples_path, _NEEDED_SAMPLES), _read_table(summary_path, _NEEDED_SUMMARY)
+    elif (run_dir / "launches").is_dir():
+        samples, summary = assemble(run_dir, run, write=False)
+    elif not finished:
+        samples, summary = assemble(run_dir, run, write=False)  # nothing ran yet: empty tables
+    elif samples_path is not None:
+        # samples without summary and without launch folders: the summary is derived in memory;
+        # the wrong-element counts per size live only in the launch folders
+        samples = _read_table(samples_path, _NEEDED_SAMPLES)
+        if any(l.get("status") == INCORRECT for l in finished):
+            raise CommdiagError(f"{summary_path}: missing, and the launch folders that hold the wrong-element "
+                                f"counts are gone too; restore {summary_path.name} or launches/")
+        summary = summarize(samples, {}, nranks=run.get("world_size") or 0)
     else:
-        samples = pd.read_csv(samples_path, dtype={"tokens": "Int64"})
-        summary = pd.read_csv(run_dir / "summary.csv", dtype={"tokens": "Int64"})
-        for df in (samples, summary):  # version 1 folders: everything went through torch
-            if "via" not in df.columns:
-                df.insert(df.columns.get_loc("mode") + 1, "via", "torch")
+        raise CommdiagError(f"{run_dir}: no measured data: samples.csv(.gz) and launches/ are both missing "
+                            f"({len(finished)} launches are recorded as finished in run.json); restore them "
+                            "from a copy of the run folder")
     return RunData(run_dir, run, samples, summary)
+
+
+_NEEDED_SAMPLES = ["config", "launch", "size_bytes", "tokens", "mode", "via", "time_us"]
+_NEEDED_SUMMARY = ["config", "size_bytes", "tokens", "mode", "via", "median_us"]
+
+
+def _read_table(path: Path, columns: list[str]):
+    """A stored CSV (gzip by extension), checked for the columns every reader needs."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path, dtype={"tokens": "Int64"})
+    except Exception as e:  # pandas raises many types for a damaged CSV (ParserError, EOFError, BadGzipFile, ...)
+        raise CommdiagError(f"{path}: cannot read ({e.__class__.__name__}: {str(e)[:160]})") from None
+    if "via" not in df.columns and "mode" in df.columns:  # version 1 folders: everything went through torch
+        df.insert(df.columns.get_loc("mode") + 1, "via", "torch")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise CommdiagError(f"{path}: columns {', '.join(missing)} missing; not a commdiag table")
+    return df
