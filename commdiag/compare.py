@@ -1,12 +1,14 @@
 """``commdiag compare RUN_A RUN_B``: did the time change between two runs, beyond their noise?
 
 Matches the configs (by name) and sizes/modes present in both run folders and,
-per config x size x mode, compares B against A with the verdict method of
-stats.py: x = ln(launch median), each run's between-launch noise pooled over all
-of that run's configs at the size and mode (each side at least its own), a
-Welch-Satterthwaite t interval, Bonferroni over every matched cell, a 3% minimum
-effect.  "no significant change" means the difference is inside the noise of
-either run.
+per config x size x mode, tests B against A the way verdicts are certified
+(stats.py): the launch is the unit (each launch's trimmed mean of ln time), the
+exact two-sided Wilcoxon-Mann-Whitney test on A's launches against B's,
+Bonferroni over every matched cell, the Hodges-Lehmann ratio, and a 3% minimum
+effect.  A change is "certified" only when p <= 1%/m and the ratio is at least
+3% away from 1.  With few launches the exact test cannot get there at all (3
+against 3 launches: the smallest attainable p is 0.1), and the line says so with
+that smallest p, instead of a verdict.
 
 It also diffs the two environment fingerprints (driver, NCCL, torch, CUDA, GPUs,
 topology, host, kernel, ...) and the measurement settings (ranks, dtype, iters,
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from . import results, stats
 
-COMPARE_FORMAT, COMPARE_VERSION = "commdiag-compare", 1
+COMPARE_FORMAT, COMPARE_VERSION = "commdiag-compare", 2
 # Run-level settings that change what a number means (besides the fingerprint).
 SETTINGS = ("world_size", "nproc_per_node", "spec.backend", "spec.dtype", "spec.iters", "spec.warmup",
             "spec.batch", "spec.window_us", "spec.vias", "spec.replay_stream", "spec.reuse_process", "spec.nnodes",
@@ -36,36 +38,37 @@ class Change:
     mode: str
     size_bytes: int
     tokens: int | None
-    a_us: float  # median of launch medians in run A
+    a_us: float  # geometric mean of run A's launch values
     b_us: float
     a_launches: int
     b_launches: int
-    ratio: float | None  # B / A: < 1 means B is faster
-    lo: float | None
-    hi: float | None
-    verdict: str  # faster | slower | same | inconclusive (B relative to A)
-    more_launches: int | None
+    ratio: float | None  # B / A (Hodges-Lehmann): < 1 means B is faster
+    p: float | None  # exact two-sided rank test, A's launches against B's
+    p_floor: float  # the smallest p attainable with these launch counts
+    threshold: float  # what p must reach: ALPHA / m
+    verdict: str  # faster | slower | same | not certified (B relative to A)
 
     @property
     def label(self) -> str:
-        if self.verdict == stats.FASTER:
-            return "faster in B"
-        if self.verdict == stats.SLOWER:
-            return "slower in B"
-        if self.verdict == stats.SAME:
-            return "no significant change"
-        if self.more_launches is None:
-            return "inconclusive: launch noise unknown (run at least 3 trials)"
-        if self.more_launches > stats.MAX_MORE:
-            return f"inconclusive: more than {stats.MAX_MORE} more launches per run needed"
-        return f"inconclusive: about {self.more_launches} more launches per run needed"
+        if self.verdict == FASTER:
+            return f"certified faster in B (p = {self.p:.2g})"
+        if self.verdict == SLOWER:
+            return f"certified slower in B (p = {self.p:.2g})"
+        if self.verdict == SAME:
+            return f"real but below 3% (p = {self.p:.2g})"
+        if self.p is None:
+            return "not certified: no launches"
+        if self.p_floor > self.threshold:
+            return (f"not certified: p = {self.p:.2g} with {self.a_launches} vs {self.b_launches} launches, and the "
+                    f"smallest attainable is {self.p_floor:.2g} (needs <= {self.threshold:.2g}: about "
+                    f"{stats.launches_to_reach(self.threshold)} launches per run)")
+        return f"not certified: p = {self.p:.2g} (needs <= {self.threshold:.2g})"
 
     def ratio_text(self) -> str:
-        if self.ratio is None:
-            return "n/a"
-        if self.lo is None:
-            return f"{self.ratio:.3f}"
-        return f"{self.ratio:.3f} [{self.lo:.3f}, {self.hi:.3f}]"
+        return "n/a" if self.ratio is None else f"{self.ratio:.3f}"
+
+
+FASTER, SLOWER, SAME, NOT_CERTIFIED = "faster", "slower", "same", "not certified"
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,8 @@ class CompareResult:
     def to_json(self) -> dict:
         return {"format": COMPARE_FORMAT, "version": COMPARE_VERSION, "run_a": self.run_a, "run_b": self.run_b,
                 "method": {"alpha_familywise": self.alpha, "min_effect": self.min_effect,
-                           "family_size": self.family_size},
+                           "family_size": self.family_size,
+                           "test": "exact two-sided Wilcoxon-Mann-Whitney on launch values, Bonferroni over cells"},
                 "changes": [{**asdict(c), "label": c.label} for c in self.changes],
                 "fingerprint_differences": [asdict(d) for d in self.fingerprint],
                 "settings_differences": [asdict(d) for d in self.settings],
@@ -136,30 +140,29 @@ def compare(a: results.RunData, b: results.RunData, *, alpha: float = stats.ALPH
             min_effect: float = stats.MIN_EFFECT) -> CompareResult:
     """Compare run B against run A (pure: loaded runs in, a result out)."""
     def groups(data):
-        g: dict[tuple[str, int], dict[str, list[float]]] = {}
-        raw: dict[tuple[str, int, str], list[float]] = {}
-        for m in stats.launch_medians(data.samples, stats.usable_launches(data.run)):
-            if m.median_us > 0:
-                g.setdefault((m.mode, m.size_bytes), {}).setdefault(m.config, []).append(math.log(m.median_us))
-                raw.setdefault((m.mode, m.size_bytes, m.config), []).append(m.median_us)
-        return g, raw
+        g: dict[tuple[str, int, str], list[float]] = {}
+        for v in stats.launch_values(data.samples, stats.usable_launches(data.run)):
+            g.setdefault((v.mode, v.size_bytes, v.config), []).append(v.value)
+        return g
 
-    ga, raw_a = groups(a)
-    gb, raw_b = groups(b)
+    ga, gb = groups(a), groups(b)
     tokens = {s["bytes"]: s.get("tokens") for r in (a, b) for s in r.run.get("spec", {}).get("sizes", [])}
     names_a = [c["name"] for c in a.run.get("configs", [])]
     names_b = [c["name"] for c in b.run.get("configs", [])]
-    cells = [(md, s, c) for (md, s) in sorted(set(ga) & set(gb), key=lambda k: (k[0], k[1]))
-             for c in names_a if c in ga[(md, s)] and c in gb[(md, s)]]
-    upper = alpha / (2 * max(len(cells), 1))
+    keys = sorted({(md, s) for (md, s, _) in ga} & {(md, s) for (md, s, _) in gb})
+    cells = [(md, s, c) for (md, s) in keys for c in names_a if (md, s, c) in ga and (md, s, c) in gb]
+    thr = alpha / max(len(cells), 1)
     changes = []
     for md, s, c in cells:
-        na, nb = stats.pooled_noise(ga[(md, s)]), stats.pooled_noise(gb[(md, s)])
-        ratio, lo, hi, verdict, more = stats.compare_independent(gb[(md, s)][c], nb, ga[(md, s)][c], na, upper,
-                                                                 min_effect)
-        changes.append(Change(c, md, s, tokens.get(s), stats._median(raw_a[(md, s, c)]),
-                              stats._median(raw_b[(md, s, c)]), len(ga[(md, s)][c]), len(gb[(md, s)][c]),
-                              ratio, lo, hi, verdict, more))
+        xa, xb = ga[(md, s, c)], gb[(md, s, c)]
+        p = stats.rank_test(xb, xa, stats.TWO_SIDED)
+        ratio = math.exp(stats.hodges_lehmann(xb, xa))
+        verdict = NOT_CERTIFIED
+        if p <= thr:
+            verdict = (FASTER if ratio <= 1 - min_effect else SLOWER if ratio >= 1 + min_effect
+                       else SAME)
+        changes.append(Change(c, md, s, tokens.get(s), stats.exp(stats.mean(xa)), stats.exp(stats.mean(xb)),
+                              len(xa), len(xb), ratio, p, stats.smallest_p(len(xa), len(xb)), thr, verdict))
     settings = [Difference(k, _pick(a.run, k), _pick(b.run, k)) for k in SETTINGS
                 if _pick(a.run, k) != _pick(b.run, k)]
     env_a = {c["name"]: c.get("env", {}) for c in a.run.get("configs", [])}
@@ -178,19 +181,24 @@ def run(run_a: str | Path, run_b: str | Path) -> CompareResult:
 
 def render_text(r: CompareResult) -> str:
     lines = [f"A: {r.run_a}", f"B: {r.run_b}",
-             f"B vs A ({100 * (1 - r.alpha):.0f}% family-wise over {r.family_size} comparisons; minimum effect "
-             f"{r.min_effect * 100:.0f}%; ratio < 1: B is faster)",
-             f"{'mode':>5} {'size(B)':>12} {'tokens':>6} {'config':<28} {'A(us)':>10} {'B(us)':>10} "
-             f"{'ratio B/A [interval]':>26} {'launches':>8}  verdict"]
+             f"B vs A: exact rank test per cell on launch values, {100 * (1 - r.alpha):.0f}% family-wise over "
+             f"{r.family_size} cells (each p <= {r.alpha / max(r.family_size, 1):.2g}); minimum effect "
+             f"{r.min_effect * 100:.0f}%; ratio B/A < 1: B is faster",
+             f"{'mode':>12} {'size(B)':>10} {'config':<28} {'A(us)':>9} {'B(us)':>9} {'B/A':>6} {'launches':>8}  answer"]
     for c in r.changes:
-        lines.append(f"{c.mode:>5} {c.size_bytes:>12} {'' if c.tokens is None else c.tokens:>6} {c.config[:28]:<28} "
-                     f"{c.a_us:>10.2f} {c.b_us:>10.2f} {c.ratio_text():>26} "
-                     f"{f'{c.a_launches}/{c.b_launches}':>8}  {c.label}")
+        lines.append(f"{c.mode:>12} {c.size_bytes:>10} {_fit(c.config):<28} {c.a_us:>9.2f} {c.b_us:>9.2f} "
+                     f"{c.ratio_text():>6} {f'{c.a_launches}/{c.b_launches}':>8}  {c.label}")
     if r.only_a or r.only_b:
         lines.append(f"configs only in A: {', '.join(r.only_a) or '-'}; only in B: {', '.join(r.only_b) or '-'}")
     for w in r.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _fit(name: str) -> str:
+    from .report import _fit as fit
+
+    return fit(name, 28)
 
 
 def build_html(r: CompareResult) -> str:
@@ -201,31 +209,30 @@ def build_html(r: CompareResult) -> str:
     for mode in sorted({c.mode for c in r.changes}):
         data = []
         for i, cfg in enumerate(dict.fromkeys(c.config for c in r.changes if c.mode == mode)):
-            cs = [c for c in r.changes if c.mode == mode and c.config == cfg and c.ratio is not None]
-            has = [c for c in cs if c.lo is not None]
+            has = [c for c in r.changes if c.mode == mode and c.config == cfg and c.ratio is not None]
             data.append({"type": "scatter", "mode": "lines+markers", "name": esc(cfg),
                          "x": [c.size_bytes for c in has], "y": [c.ratio for c in has],
                          "line": {"color": report.PALETTE[i % len(report.PALETTE)]},
-                         "error_y": {"type": "data", "symmetric": False,
-                                     "array": [c.hi - c.ratio for c in has],
-                                     "arrayminus": [c.ratio - c.lo for c in has]},
                          "text": [esc(c.label) for c in has],
                          "hovertemplate": esc(cfg) + "<br>%{x} B: B/A %{y:.3f}<br>%{text}<extra></extra>"})
         figs.append({"id": f"ratio-{mode}", "title": f"B / A per config ({mode})", "data": data,
-                     "layout": report._layout(f"Time in B / time in A, {mode} mode (bars: interval; 1 = no change)",
+                     "layout": report._layout(f"Time in B / time in A (Hodges-Lehmann), {mode} mode (1 = no change)",
                                               report._axis("size per rank (bytes)"), report._axis("B / A", log=True))})
     rows = [[c.config, c.mode, report.size_label(c.size_bytes, c.tokens), f"{c.a_us:.2f}", f"{c.b_us:.2f}",
              c.ratio_text(), f"{c.a_launches}/{c.b_launches}", c.label] for c in r.changes]
     body = [f"<h1>commdiag compare</h1><p>A: {esc(r.run_a)}<br>B: {esc(r.run_b)}</p>",
-            f"<p>B vs A: {100 * (1 - r.alpha):.0f}% family-wise over {r.family_size} comparisons, minimum effect "
-            f"{r.min_effect * 100:.0f}%; the noise is each run's own between-launch noise.</p>"]
+            f"<p>B vs A: exact rank test per cell on the launches of each run, {100 * (1 - r.alpha):.0f}% "
+            f"family-wise over {r.family_size} cells, minimum effect {r.min_effect * 100:.0f}%.</p>"]
     if r.warnings:
         body.append("<h2>Warnings</h2><ul class=\"warn\">" + "".join(f"<li>{esc(w)}</li>" for w in r.warnings)
                     + "</ul>")
+    if r.only_a or r.only_b:
+        body.append(f"<p>configs only in A: {esc(', '.join(r.only_a) or '-')}; only in B: "
+                    f"{esc(', '.join(r.only_b) or '-')}</p>")
     body.append("<h2>Plots</h2>" + report.plot_divs(figs))
     body.append("<h2>Per config, size and mode</h2>")
-    body.append(report._table(["config", "mode", "size", "A (us)", "B (us)", "ratio B/A [interval]",
-                               "launches A/B", "verdict"], rows))
+    body.append(report._table(["config", "mode", "size", "A (us)", "B (us)", "ratio B/A",
+                               "launches A/B", "answer"], rows))
     body.append("<h2>Environment fingerprints</h2>")
     body.append(report._table(["key", "A", "B"], [[d.key, json.dumps(d.a), json.dumps(d.b)] for d in r.fingerprint]
                               or [["(identical)", "", ""]]))

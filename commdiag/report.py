@@ -39,7 +39,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, results, stats
+from . import __version__, certify, results, stats, verdict
+from .screening import Screening
 from .atomic import write_text
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -103,7 +104,7 @@ def _layout(title: str, x: dict, y: dict, **kw) -> dict:
             "legend": {"font": {"size": 11}}, **kw}
 
 
-def figures(data: results.RunData, verdicts: stats.Verdicts, medians: list[stats.LaunchMedian]) -> list[dict]:
+def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[stats.LaunchValue]) -> list[dict]:
     """The report's plots as plotly figure dicts (id, title, data, layout)."""
     summary = data.summary
     configs = [c["name"] for c in data.run.get("configs", [])]
@@ -126,20 +127,23 @@ def figures(data: results.RunData, verdicts: stats.Verdicts, medians: list[stats
                         "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.2f}} us (median of launches)<extra></extra>"})
             pts = [m for m in medians if m.config == c and m.mode == mode]
             lat.append({"type": "scatter", "mode": "markers", "name": name + " launches", "legendgroup": name,
-                        "showlegend": False, "x": [m.size_bytes for m in pts], "y": [round(m.median_us, 3) for m in pts],
-                        "text": [f"launch {m.launch}" for m in pts],
+                        "showlegend": False, "x": [m.size_bytes for m in pts], "y": [round(m.us, 3) for m in pts],
+                        "text": [f"launch {m.launch} (stage {m.stage})" for m in pts],
                         "marker": {"color": color[c], "size": 5, "opacity": 0.55, "symbol": "circle-open"},
                         "hovertemplate": f"{name} %{{text}}<br>%{{x}} B: %{{y:.2f}} us<extra></extra>"})
             bw.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": xs,
                        "y": [r.busbw_gbps for r in rs], "line": {"color": color[c]},
                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.3f}} GB/s<extra></extra>"})
         figs.append({"id": f"latency-{mode}", "title": f"Latency vs size ({mode})", "data": lat,
-                     "layout": _layout(f"Latency per all-reduce vs size, {mode} mode (points: each launch's median)",
+                     "layout": _layout(f"Latency per all-reduce vs size, {mode} mode (points: each launch's value, the trimmed geometric mean)",
                                        _axis("size per rank (bytes)"), _axis("time (us)"))})
         figs.append({"id": f"busbw-{mode}", "title": f"Bus bandwidth vs size ({mode})", "data": bw,
                      "layout": _layout(f"Bus bandwidth vs size, {mode} mode",
                                        _axis("size per rank (bytes)"), _axis("busbw (GB/s)", log=False))})
         figs.append(_heatmap(verdicts, mode, configs, tokens_by_size))
+    stage2 = _stage2_figure(verdicts)
+    if stage2:
+        figs.insert(0, stage2)
     for graph_mode, eager_mode, via in (("graph", "eager", "torch"), ("graph-direct", "eager-direct", "nccl-direct")):
         if graph_mode not in verdicts.modes or eager_mode not in verdicts.modes:
             continue
@@ -162,8 +166,10 @@ def figures(data: results.RunData, verdicts: stats.Verdicts, medians: list[stats
     return figs
 
 
-def _heatmap(verdicts: stats.Verdicts, mode: str, configs: list[str], tokens_by_size: dict) -> dict:
-    cells = {(c.config, c.size_bytes): c for c in verdicts.cells if c.mode == mode}
+def _heatmap(verdicts: verdict.Verdicts, mode: str, configs: list[str], tokens_by_size: dict) -> dict:
+    """Screening estimates per config x size: colour only beyond the 3% minimum effect, and the title
+    says these are estimates (certified claims are per band, in the Certified answer table)."""
+    cells = {(c.config, c.size_bytes): c for c in verdicts.screening.cells if c.mode == mode}
     sizes = sorted({c.size_bytes for c in cells.values()})
     ys = [c for c in configs if c != stats.DEFAULT and any((c, s) in cells for s in sizes)]
     z, text, hover = [], [], []
@@ -174,27 +180,45 @@ def _heatmap(verdicts: stats.Verdicts, mode: str, configs: list[str], tokens_by_
             if cell is None or cell.ratio is None:
                 zr.append(None), tr.append(""), hr.append("no data")
                 continue
-            significant = cell.verdict in (stats.FASTER, stats.SLOWER)
             pct = (cell.ratio - 1) * 100
-            # Neutral (0) unless significant: noise must not look like a colour.
-            zr.append(round(max(-50.0, min(50.0, pct)), 2) if significant else 0.0)
-            tr.append(f"{pct:+.0f}%" if significant else ("?" if cell.verdict == stats.INCONCLUSIVE else "="))
-            hr.append(esc(f"{c} at {size_label(s, cell.tokens)}: {cell.label}; ratio {cell.ratio_text()}"
+            big = abs(cell.ratio - 1) >= verdicts.min_effect
+            zr.append(round(max(-50.0, min(50.0, pct)), 2) if big else 0.0)
+            tr.append(f"{pct:+.0f}%" if big else "~")
+            hr.append(esc(f"{c} at {size_label(s, cell.tokens)}: screening {cell.label}; "
+                          f"{cell.launches} vs {cell.default_launches} launches"
                           + ("" if cell.eligible else " (excluded from winners)")))
         z.append(zr), text.append(tr), hover.append(hr)
     xs = [size_label(s, tokens_by_size.get(s)) for s in sizes]
     data = [{"type": "heatmap", "z": z, "x": xs, "y": [esc(c) for c in ys], "text": text, "customdata": hover,
              "texttemplate": "%{text}", "zmin": -50, "zmax": 50, "zmid": 0,
-             "colorscale": [[0, "#1a9850"], [0.5, "#eeeeee"], [1, "#d73027"]],
+             "colorscale": [[0, "#7fbf7b"], [0.5, "#eeeeee"], [1, "#ef8a62"]],
              "colorbar": {"title": {"text": "% vs default"}}, "xgap": 1, "ygap": 1,
              "hovertemplate": "%{customdata}<extra></extra>"}]
     height = max(300, 120 + 22 * len(ys))
-    layout = _layout(f"Speedup vs default, {mode} mode (green faster, red slower; grey: not significant, "
-                     "= no difference, ? inconclusive)", {"type": "category", "title": {"text": "size"}},
+    layout = _layout(f"Screening estimates vs default, {mode} mode: not verdicts (~ within 3%; green lower time, "
+                     "red higher)", {"type": "category", "title": {"text": "size"}},
                      {"type": "category", "autorange": "reversed"}, height=height)
     # config names label the rows: leave room for the longest (grid names like PROTO=LL128,ALGO=Tree)
     layout["margin"] = {**layout["margin"], "l": min(400, 20 + 7 * max((len(c) for c in ys), default=8))}
-    return {"id": f"speedup-{mode}", "title": f"Speedup vs default ({mode})", "data": data, "layout": layout}
+    return {"id": f"speedup-{mode}", "title": f"Screening estimates vs default ({mode})", "data": data,
+            "layout": layout}
+
+
+def _stage2_figure(verdicts: verdict.Verdicts) -> dict | None:
+    """Every stage-2 launch value per claim, default beside the config: the evidence of each certified answer."""
+    if not verdicts.certifications:
+        return None
+    data = []
+    for i, c in enumerate(verdicts.certifications):
+        label = esc(f"{c.claim.config} {c.claim.where}")
+        for arm, vals, color in (("default", c.default_us, "#7f7f7f"), (c.claim.config, c.config_us, "#1f77b4")):
+            data.append({"type": "scatter", "mode": "markers", "name": esc(arm), "showlegend": False,
+                         "x": [f"{label}: {esc(arm)}"] * len(vals), "y": list(vals),
+                         "marker": {"color": color, "size": 7, "opacity": 0.7},
+                         "hovertemplate": f"{label}<br>{esc(arm)}: %{{y:.3f}} us<extra></extra>"})
+    return {"id": "stage2", "title": "Stage 2 launches per claim", "data": data,
+            "layout": _layout("Stage 2: each fresh launch's band value (us, geometric mean over the band's sizes)",
+                              {"type": "category"}, _axis("band value (us)"))}
 
 
 # ---------------------------------------------------------------- HTML
@@ -248,8 +272,8 @@ def plot_divs(figs: list[dict]) -> str:
     return "\n".join(f"<h3>{esc(f['title'])}</h3><div class=\"plot\" id=\"{esc(f['id'])}\"></div>" for f in figs)
 
 
-def _verdict_matrix(verdicts: stats.Verdicts, mode: str, tokens_by_size: dict) -> str:
-    cells = {(c.config, c.size_bytes): c for c in verdicts.cells if c.mode == mode}
+def _screening_matrix(verdicts: verdict.Verdicts, mode: str, tokens_by_size: dict) -> str:
+    cells = {(c.config, c.size_bytes): c for c in verdicts.screening.cells if c.mode == mode}
     sizes = sorted({c.size_bytes for c in cells.values()})
     configs = [c for c in verdicts.configs if c != stats.DEFAULT and any((c, s) in cells for s in sizes)]
     out = ["<table><tr><th>config</th>" + "".join(f"<th>{esc(size_label(s, tokens_by_size.get(s)))}</th>"
@@ -261,22 +285,39 @@ def _verdict_matrix(verdicts: stats.Verdicts, mode: str, tokens_by_size: dict) -
             if cell is None or cell.ratio is None:
                 row.append("<td>n/a</td>")
                 continue
-            title = f"{cell.label}; ratio {cell.ratio_text()}; {cell.time_us} vs {cell.default_us} us; " \
-                    f"{cell.launches} vs {cell.default_launches} launches"
-            short = {"faster": "faster", "slower": "slower", "same": "="}.get(cell.verdict, "?")
-            row.append(f"<td class=\"num {cell.verdict}\" title=\"{esc(title)}\">"
-                       f"{(cell.ratio - 1) * 100:+.1f}% {esc(short)}</td>")
+            title = (f"{cell.label}; {_num(cell.time_us)} vs {_num(cell.default_us)} us; launches "
+                     f"{', '.join(f'{v:g}' for v in cell.launch_us)} vs {', '.join(f'{v:g}' for v in cell.default_launch_us)}")
+            row.append(f"<td class=\"num\" title=\"{esc(title)}\">{(cell.ratio - 1) * 100:+.1f}%</td>")
         out.append("<tr>" + "".join(row) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
 
 
-def _winner_rows(winners, tokens_by_size) -> list[list[str]]:
-    rows = []
-    for w in winners:
-        where = w.key if w.scope == "band" else size_label(int(w.key), w.tokens)
-        rows.append([w.mode, where, w.text])
-    return rows
+def _certified_section(verdicts: verdict.Verdicts) -> str:
+    """The certified answer: one row per stage-2 claim, then the winners per band."""
+    out = [f"<p><b>{esc(verdicts.status)}</b>: {esc(verdicts.status_note)}</p>"]
+    if verdicts.certifications:
+        plan = verdicts.confirmation or {}
+        out.append(f"<p>Stage 2: {esc(sum(lk['rounds'] for lk in plan.get('looks', [])))} fresh rounds of default "
+                   f"and every claimed config; exact Wilcoxon-Mann-Whitney on band values; family of "
+                   f"{esc(verdicts.family_size)} claim(s) at {verdicts.alpha:.0%}.</p>")
+        rows = []
+        for c in verdicts.certifications:
+            cls = c.result.replace(" ", "-") if c.certified else "inconclusive"
+            rows.append([esc(c.claim.config), esc(c.claim.mode), esc(c.claim.where),
+                         esc("faster" if c.claim.alternative == stats.LESS else "either way"), esc(c.claim.reason),
+                         f"<span class=\"{cls}\">{esc(c.text)}</span>",
+                         esc(", ".join(f"{v:g}" for v in c.config_us)), esc(", ".join(f"{v:g}" for v in c.default_us))])
+        out.append(_table(["config", "mode", "where", "tested", "why a claim", "answer", "config launches (us)",
+                           "default launches (us)"], rows, raw_cells=True))
+    out.append(_table(["mode", "band", "winner"], [[w.mode, w.band, w.text] for w in verdicts.band_winners]))
+    if verdicts.size_certifications:
+        certified = [c for c in verdicts.size_certifications if c.certified]
+        out.append(f"<p>Per-size certification (--certify-sizes, one stage, {len(verdicts.size_certifications)} "
+                   f"claims): {len(certified)} certified.</p>")
+        out.append(_table(["config", "size", "answer"], [[c.claim.config, c.claim.where, c.text]
+                                                         for c in verdicts.size_certifications]))
+    return "\n".join(out)
 
 
 def _confirmations(run: dict) -> str:
@@ -310,7 +351,7 @@ def _confirmations(run: dict) -> str:
     return _table(["config", "variable", "set to", "seen per rank (launch)"], rows, raw_cells=True)
 
 
-def build_html(data: results.RunData, verdicts: stats.Verdicts, medians: list[stats.LaunchMedian]) -> str:
+def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[stats.LaunchValue]) -> str:
     run = data.run
     spec = run.get("spec", {})
     tokens_by_size = {s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])}
@@ -323,22 +364,23 @@ def build_html(data: results.RunData, verdicts: stats.Verdicts, medians: list[st
          _table(["run folder", "spec file", "backend", "ranks", "created (UTC)", "state", "launches"],
                 [[str(data.path), run.get("spec_file"), spec.get("backend"), run.get("world_size"),
                   run.get("created_utc"), run.get("state"), ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))]]),
-         "<p>Verdicts: each config against <b>default</b>, per size and mode, from the median of each launch; "
-         f"interval: Student t on ln(launch medians) with the between-launch noise pooled over configs, "
-         f"{100 * (1 - verdicts.alpha):.0f}% family-wise (Bonferroni over {verdicts.family_size} comparisons); "
-         f"a verdict needs at least a {verdicts.min_effect * 100:.0f}% effect. See README, Verdicts.</p>"]
+         "<p>Verdicts come in two stages (README, Verdicts). Stage 1, screening: the interleaved trials give "
+         "estimates per config, size and band, with every launch's value; they pick the claims. Stage 2, "
+         "confirmation: fresh rounds of default and the claimed configs, an exact rank test per claim; only a "
+         "certified claim says faster or slower or makes a profile.</p>"]
     if verdicts.warnings or run.get("warnings"):
         b.append("<ul class=\"warn\">" + "".join(f"<li>{esc(w)}</li>" for w in
                                                   list(run.get("warnings", [])) + list(verdicts.warnings)) + "</ul>")
-    b.append("<h2>Winners</h2>")
-    b.append("<p>A winner is the best config significantly faster than default; otherwise keep NCCL defaults. "
-             "Bands (tokens): " + esc(", ".join(f"{k} {v}" for k, v in verdicts.bands.items())) + "</p>")
-    b.append(_table(["mode", "band", "winner"], _winner_rows(verdicts.band_winners, tokens_by_size)))
-    if verdicts.band_cells:
-        b.append(_table(["config", "mode", "band", "ratio [interval]", "verdict", "launches"],
-                        [[c.config, c.mode, c.band, c.ratio_text(), c.label, f"{c.launches} vs {c.default_launches}"]
-                         for c in verdicts.band_cells]))
-    b.append(_table(["mode", "size", "winner"], _winner_rows(verdicts.size_winners, tokens_by_size)))
+    b.append("<h2>Certified answer</h2>")
+    b.append(_certified_section(verdicts))
+    b.append("<h2>Screening estimates per band (stage 1, not verdicts)</h2>")
+    b.append("<p>Bands (tokens): " + esc(", ".join(f"{k} {v}" for k, v in verdicts.bands.items())) + "</p>")
+    if verdicts.screening.band_cells:
+        b.append(_table(["config", "mode", "band", "ratio (estimate)", "screening", "launch values (us)",
+                         "default's (us)"],
+                        [[c.config, c.mode, c.band, _num3(c.ratio), c.label,
+                          ", ".join(f"{v:g}" for v in c.launch_us), ", ".join(f"{v:g}" for v in c.default_launch_us)]
+                         for c in verdicts.screening.band_cells]))
     if verdicts.excluded:
         b.append("<p>Never winners (a failed, timed-out or incorrect launch, or wrong elements):</p>")
         b.append(_table(["config", "why"], [[c, r] for c, r in verdicts.excluded.items()]))
@@ -347,9 +389,10 @@ def build_html(data: results.RunData, verdicts: stats.Verdicts, medians: list[st
     b.append("<h2>Timings</h2>")
     b.append(_timings_section(data.summary, tokens_by_size))
     for mode in verdicts.modes:
-        b.append(f"<h2>Verdicts vs default, {esc(mode)} mode</h2>"
-                 "<p>Change vs default (ratio - 1); hover a cell for the interval and launch counts.</p>")
-        b.append(_verdict_matrix(verdicts, mode, tokens_by_size))
+        b.append(f"<h2>Screening estimates vs default, {esc(mode)} mode</h2>"
+                 "<p>Estimated change vs default (ratio - 1) from stage 1; not verdicts. Hover a cell for the "
+                 "launch values.</p>")
+        b.append(_screening_matrix(verdicts, mode, tokens_by_size))
     bad = [l for l in run.get("launches", []) if l.get("status") in FAILED_STATUSES]
     b.append(f"<h2>Failed, timed-out and incorrect launches ({len(bad)})</h2>")
     if bad:
@@ -449,28 +492,28 @@ def _overhead_section(run: dict) -> str:
 @dataclass(frozen=True)
 class Published:
     report: Path
-    verdicts: stats.Verdicts
+    verdicts: verdict.Verdicts
     profiles: tuple[str, ...]  # profile files written (names in the run folder)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, data: results.RunData | None = None,
-                 verdicts: stats.Verdicts | None = None) -> tuple[Path, stats.Verdicts]:
+                 verdicts: verdict.Verdicts | None = None) -> tuple[Path, verdict.Verdicts]:
     data = data or results.load_run(run_dir)
-    medians = stats.launch_medians(data.samples, stats.usable_launches(data.run))
-    verdicts = verdicts or stats.evaluate_run(data)
+    values = stats.launch_values(data.samples, stats.usable_launches(data.run), stats.launch_stages(data.run))
+    verdicts = verdicts or verdict.evaluate_run(data)
     path = Path(out) if out else Path(run_dir) / "report.html"
-    write_text(path, build_html(data, verdicts, medians))
+    write_text(path, build_html(data, verdicts, values))
     return path, verdicts
 
 
-def write_profiles(run_dir: str | Path, verdicts: stats.Verdicts, run: dict) -> tuple[str, ...]:
-    """Write the winner profiles (and remove stale ones this run folder holds from an earlier
-    publish, e.g. before --resume changed the verdicts)."""
+def write_profiles(run_dir: str | Path, verdicts: verdict.Verdicts, run: dict) -> tuple[str, ...]:
+    """Write the certified winners' profiles (and remove stale ones this run folder holds from an
+    earlier publish, e.g. before confirm --rounds changed the answer)."""
     from . import profile
 
     run_dir = Path(run_dir)
     created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    plan = stats.profile_plan(verdicts, run, str(run_dir), created)
+    plan = verdict.profile_plan(verdicts, run, str(run_dir), created)
     for old in run_dir.glob("profile*.env"):
         if old.name not in plan and old.read_text(errors="replace").startswith(profile.PROFILE_HEADER):
             old.unlink()
@@ -480,39 +523,59 @@ def write_profiles(run_dir: str | Path, verdicts: stats.Verdicts, run: dict) -> 
 
 
 def publish(run_dir: str | Path) -> Published:
-    """The end of a sweep: verdicts, report.html and the winner profiles."""
+    """The end of a sweep: verdicts, report.html and the certified winners' profiles."""
     data = results.load_run(run_dir)
     path, verdicts = write_report(run_dir, data=data)
     return Published(path, verdicts, write_profiles(run_dir, verdicts, data.run))
 
 
-def render_verdicts(verdicts: stats.Verdicts) -> str:
-    """The console verdict table and the winners (what ``commdiag sweep`` ends with)."""
-    lines = [f"verdicts vs default ({100 * (1 - verdicts.alpha):.0f}% family-wise over {verdicts.family_size} "
-             f"comparisons; minimum effect {verdicts.min_effect * 100:.0f}%; ratio < 1 is faster)",
-             f"{'mode':>5} {'size(B)':>12} {'tokens':>6} {'config':<28} {'time(us)':>10} {'default':>10} "
-             f"{'ratio [interval]':>26} {'launches':>8}  verdict"]
-    for c in verdicts.cells:
-        lines.append(f"{c.mode:>5} {c.size_bytes:>12} {'' if c.tokens is None else c.tokens:>6} {c.config[:28]:<28} "
-                     f"{_num(c.time_us):>10} {_num(c.default_us):>10} {c.ratio_text():>26} "
-                     f"{f'{c.launches}/{c.default_launches}':>8}  {c.label}"
-                     + ("" if c.eligible else " (excluded)"))
-    if not verdicts.cells:
-        lines.append("(no comparisons: the run has no data for a config other than default)")
+def render_verdicts(verdicts: verdict.Verdicts) -> str:
+    """The console answer: screening per band (primary mode), then stage 2's one line per claim and the winners."""
+    mode = verdicts.primary_mode
+    band_cells = [c for c in verdicts.screening.band_cells if c.mode == mode]
+    lines = [f"screening (stage 1: estimates, not verdicts; {mode} mode; ratio < 1 is a lower time)"]
+    if band_cells:
+        width = min(40, max(len(c.config) for c in band_cells))
+        lines.append(f"  {'band':<10} {'config':<{width}} {'ratio':>7}  launches (us) vs default's")
+        for c in band_cells:
+            lines.append(f"  {c.band:<10} {_fit(c.config, width):<{width}} {_num3(c.ratio):>7}  "
+                         f"{_vals(c.launch_us)} vs {_vals(c.default_launch_us)}")
+    else:
+        lines.append("  (no band has data for a config other than default)")
     lines.append("")
+    lines.append(f"confirmation (stage 2): {verdicts.status}: {verdicts.status_note}")
+    for c in verdicts.certifications:
+        lines.append(f"  {c.claim.config} {c.claim.where} ({c.claim.mode}): {c.text}")
     for w in verdicts.band_winners:
-        lines.append(f"winner {w.mode} band {w.key}: {w.text}")
-    per_size = [w for w in verdicts.size_winners if w.config]
-    for w in per_size:
-        lines.append(f"winner {w.mode} at {w.key} B: {w.text}")
-    if not per_size:
-        lines.append("no size has a config significantly faster than default: keep NCCL defaults")
+        lines.append(f"winner {w.mode} band {w.band}: {w.text}")
+    for c in verdicts.size_certifications:
+        if c.certified:
+            lines.append(f"certified at {c.claim.where}: {c.claim.config} {c.text}")
     for c, why in verdicts.excluded.items():
         if c != stats.DEFAULT:  # default is the reference, never a candidate; its failures are listed anyway
             lines.append(f"never a winner: {c} ({why})")
     for w in verdicts.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def _fit(name: str, width: int) -> str:
+    """A name that fits ``width`` without becoming ambiguous: cut in the middle with its crc as a tag."""
+    if len(name) <= width:
+        return name
+    import zlib
+
+    tag = f"~{zlib.crc32(name.encode()) & 0xffff:04x}~"
+    keep = width - len(tag)
+    return name[: keep - keep // 3] + tag + name[len(name) - keep // 3:]
+
+
+def _vals(vs) -> str:
+    return "[" + ", ".join(f"{v:.4g}" for v in vs) + "]"
+
+
+def _num3(v) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
 
 
 def _num(v) -> str:

@@ -9,6 +9,7 @@ launches that are still pending.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.util
 import os
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, launcher, metadata, results
+from . import __version__, certify, launcher, metadata, results, verdict
 from .errors import CommdiagError
 from .spec import Spec, launch_order
 
@@ -141,17 +142,32 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
         "method": _method(spec),
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
-        "launches": [{"index": l.index, "config": l.config, "trial": l.trial, "status": results.PENDING}
+        "launches": [{"index": l.index, "config": l.config, "trial": l.trial, "stage": 1, "status": results.PENDING}
                      for l in order],
         "fingerprint": {"launcher": metadata.collect_host()},
         "warnings": list(spec.warnings),
     }
 
 
+@dataclass(frozen=True)
+class StagePlan:
+    """What the CLI prints before launches start: stage 2's claims and cost, or --certify-sizes' cost."""
+
+    kind: str  # confirm | certify-sizes
+    launches: int
+    est_s: float | None
+    lines: tuple[str, ...]
+
+
 def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
               env: dict[str, str] | None = None,
-              on_progress: Callable[[Progress], None] | None = None) -> SweepResult:
-    """Run every pending launch of a new run (``spec``) or of an interrupted one (``resume``)."""
+              on_progress: Callable[[Progress], None] | None = None,
+              on_plan: Callable[[StagePlan], None] | None = None,
+              confirm: bool = True, certify_sizes: bool = False) -> SweepResult:
+    """Run every pending launch of a new run (``spec``) or of an interrupted one (``resume``): stage 1
+    (the interleaved trials), then, unless ``confirm`` is False, stage 2 (verdict.py: fresh rounds of
+    default and the screening's candidates).  Both stages' launches live in run.json, so Ctrl-C and
+    --resume work across them."""
     base_env = dict(os.environ if env is None else env)
     if resume is not None:
         run_dir = Path(resume)
@@ -164,39 +180,65 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
         assert spec is not None
         _check_reuse(spec, base_env)
         nproc = preflight(spec)
+        if certify_sizes:
+            spec, plan = _certify_sizes_plan(spec)
+            if on_plan:
+                on_plan(plan)
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
         if (run_dir / "run.json").exists():
             raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
         run_dir.mkdir(parents=True, exist_ok=True)
         run = new_run(spec, run_dir, nproc)
+        run["confirm_requested"] = bool(confirm)
+        if certify_sizes:
+            run["certify_sizes"] = {"trials": spec.trials}
         results.save_run(run_dir, run)
+    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
 
+
+def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str] | None = None,
+                on_progress: Callable[[Progress], None] | None = None,
+                on_plan: Callable[[StagePlan], None] | None = None) -> SweepResult:
+    """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
+    or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
+    base_env = dict(os.environ if env is None else env)
+    run_dir = Path(run_dir)
+    run = results.load_run_json(run_dir)
+    spec = Spec.from_json(run["spec"])
+    if any(l["status"] == results.PENDING and int(l.get("stage", 1)) == 1 for l in run["launches"]):
+        raise CommdiagError(f"{run_dir}: stage 1 (screening) is unfinished; finish it first: "
+                            f"commdiag sweep --resume {run_dir}")
+    _check_reuse(spec, base_env)
+    preflight(spec)
+    run["confirm_requested"] = True
+    plan = run.get("confirmation")
+    pending2 = any(l["status"] == results.PENDING for l in run["launches"] if l.get("stage") == 2)
+    if plan and not pending2:
+        if rounds is None:
+            raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
+                                "extend it: a further look is tested at half the previous threshold")
+        if not plan.get("claims"):
+            raise CommdiagError(f"{run_dir}: stage 2 has no claims to extend (screening found no candidate)")
+        certify.add_look(plan, rounds, _utc())
+        _add_rounds(run, plan, spec, rounds)
+        if on_plan:
+            on_plan(_confirm_plan_text(run, plan, rounds))
+    elif plan is None:
+        run["confirm_rounds_override"] = rounds
+    run["state"] = "running"
+    results.save_run(run_dir, run)
+    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+
+
+def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan) -> SweepResult:
     configs = {c["name"]: c for c in run["configs"]}
-    pending = [l for l in run["launches"] if l["status"] == results.PENDING]
-    reuse = spec.reuse_process
-    done_walls: list[float] = []
-    interrupted = False
-    done = 0
-    for batch in process_batches(pending, configs, reuse):
-        try:
-            outcome = _one_process(spec, run, run_dir, batch, configs, base_env)
-        except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
-            outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
-        if outcome.interrupted:
-            for launch in batch:
-                for key in list(launch):
-                    if key not in ("index", "config", "trial"):
-                        launch.pop(key)
-                launch["status"] = results.PENDING
-            interrupted = True
-            break
-        done_walls.append(outcome.wall_s / len(batch))
+    interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress)
+    if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
+        plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
         results.save_run(run_dir, run)
-        for launch in batch:
-            done += 1
-            if on_progress:
-                left = len(pending) - done
-                on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+        if on_plan:
+            on_plan(plan)
+        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress)
     run["state"] = "interrupted" if interrupted else "complete"
     run["finished_utc"] = None if interrupted else _utc()
     results.save_run(run_dir, run)
@@ -205,6 +247,107 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
     for l in run["launches"]:
         counts[l["status"]] = counts.get(l["status"], 0) + 1
     return SweepResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
+
+
+def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress) -> bool:
+    """Run every pending launch in order; True when interrupted (the launch in flight is pending again)."""
+    pending = [l for l in run["launches"] if l["status"] == results.PENDING]
+    done_walls: list[float] = []
+    done = 0
+    for batch in process_batches(pending, configs, spec.reuse_process):
+        try:
+            outcome = _one_process(spec, run, run_dir, batch, configs, base_env)
+        except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
+            outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
+        if outcome.interrupted:
+            for launch in batch:
+                for key in list(launch):
+                    if key not in LAUNCH_KEYS:
+                        launch.pop(key)
+                launch["status"] = results.PENDING
+            results.save_run(run_dir, run)
+            return True
+        done_walls.append(outcome.wall_s / len(batch))
+        results.save_run(run_dir, run)
+        for launch in batch:
+            done += 1
+            if on_progress:
+                left = len(pending) - done
+                on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+    return False
+
+
+# What a pending launch keeps when it is reset: its identity and place in the plan.
+LAUNCH_KEYS = ("index", "config", "trial", "stage", "round")
+
+
+def _mean_wall(run: dict) -> float | None:
+    walls = [l["wall_s"] for l in run["launches"] if l.get("wall_s")]
+    return sum(walls) / len(walls) if walls else None
+
+
+def _plan_stage2(spec: Spec, run: dict, run_dir: Path, rounds: int | None) -> StagePlan:
+    """Screen stage 1, record the confirmation plan in run.json and append its pending launches."""
+    results.assemble(run_dir, run)
+    scr, _ = verdict.screening_of(results.load_run(run_dir))
+    claims = certify.plan_claims(scr, spec.confirm_configs)
+    stage1 = sum(1 for l in run["launches"] if int(l.get("stage", 1)) == 1)
+    plan = certify.confirmation_plan(claims, rounds, stage1, _utc())
+    run["confirmation"] = plan
+    run["version"] = results.RUN_FORMAT_VERSION
+    k2 = plan["looks"][0]["rounds"]
+    if claims:
+        _add_rounds(run, plan, spec, k2)
+    return _confirm_plan_text(run, plan, k2)
+
+
+def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
+    claims = certify.claims_of(plan)
+    if not claims:
+        return StagePlan("confirm", 0, 0.0, ("stage 2: nothing to confirm (screening found no config at least 3% "
+                                              "faster than default in any band, and the spec names no "
+                                              "confirm.configs): keep NCCL defaults",))
+    n = rounds * len(plan["configs"])
+    wall = _mean_wall(run)
+    look = plan["looks"][-1]
+    lines = [f"stage 2 (confirmation, look {look['look']}): {rounds} fresh rounds x {len(plan['configs'])} configs "
+             f"= {n} launches" + (f", about {n * wall / 60:.1f} min at {wall:.1f} s a launch" if wall else "")
+             + f"; {len(claims)} claim(s), each must reach p <= {look['threshold']:.2g}"]
+    for c in claims:
+        scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
+        lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
+                     f"default in {c.where}, {c.mode} mode{scr} [{c.reason}]")
+    return StagePlan("confirm", n, n * wall if wall else None, tuple(lines))
+
+
+def _add_rounds(run: dict, plan: dict, spec: Spec, rounds: int) -> None:
+    """Append ``rounds`` rounds of pending stage-2 launches: default + every claimed config, shuffled."""
+    done_rounds = sum(lk["rounds"] for lk in plan["looks"][:-1])
+    rng = random.Random(f"{run['seed']}-confirm-{len(plan['looks'])}")
+    for r in range(done_rounds, done_rounds + rounds):
+        names = list(plan["configs"])
+        rng.shuffle(names)
+        for n in names:
+            run["launches"].append({"index": len(run["launches"]), "config": n, "trial": spec.trials + r,
+                                    "stage": 2, "round": r, "status": results.PENDING})
+
+
+# Launches a 1-2 token all-reduce launch takes, for cost estimates before any launch (recorded: 2x H200
+# 12-17 s with both call paths, CPU gloo 2-4 s).
+EST_LAUNCH_S = {"nccl": 15.0, "gloo": 3.0}
+
+
+def _certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
+    """--certify-sizes: enough trials for a one-stage exact test of every config x size (primary mode)."""
+    m, k = certify.size_claims_needed(len(spec.configs) - 1, len(spec.sizes))
+    if spec.trials < k:
+        spec = dataclasses.replace(spec, trials=k)
+    n = spec.trials * len(spec.configs)
+    est = n * EST_LAUNCH_S.get(spec.backend, 15.0)
+    return spec, StagePlan("certify-sizes", n, est, (
+        f"per-size certification: {len(spec.configs) - 1} configs x {len(spec.sizes)} sizes = {m} claims, each must "
+        f"reach p <= {0.01 / m:.2g}: {spec.trials} launches per config, {n} launches in stage 1 "
+        f"(about {est / 60:.0f} min at ~{EST_LAUNCH_S.get(spec.backend, 15.0):.0f} s a launch)",))
 
 
 def _check_reuse(spec: Spec, base_env: dict) -> None:

@@ -1,0 +1,203 @@
+"""A run folder's verdicts: screening (stage 1) + confirmation (stage 2) -> certified winners and profiles.
+
+The only way commdiag says "faster" or "slower", or writes a profile, is a claim
+certified in stage 2 (certify.py).  Stage 1 (screening.py) gives estimates and
+picks the claims.  A run without a stage 2 (``--no-confirm``, an interrupted
+confirmation, or a run folder from before run format 3) is "screening only":
+estimates, no verdict, no profile, and a line saying what would certify it.
+
+Winners.  Per band in the primary mode: the eligible config certified faster
+with the lowest Hodges-Lehmann ratio.  ``profile-<band>.env`` per band winner;
+``profile.env`` is the first band's winner (decode by default), written only
+when that config's stage-2 estimate is no more than 3% slower in every other
+band, because NCCL settings apply to every size a process sends.  No winner:
+no file, keep NCCL defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import certify, screening, stats
+from .certify import Certification
+from .screening import Screening
+from .stats import ALPHA, MIN_EFFECT
+
+SCREENING_ONLY, NO_CANDIDATES, PENDING, CONFIRMED = ("screening only", "nothing to confirm",
+                                                     "confirmation unfinished", "confirmed")
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The certified best config in one band and mode, or none (keep NCCL defaults)."""
+
+    mode: str
+    band: str
+    config: str | None
+    ratio: float | None
+    p: float | None
+    other_bands: dict = field(default_factory=dict)  # band -> the winner's stage-2 ratio there
+
+    @property
+    def text(self) -> str:
+        if self.config is None:
+            return "keep NCCL defaults"
+        return f"{self.config}: certified {(1 - self.ratio) * 100:.1f}% faster (ratio {self.ratio:.3f}, p = {self.p:.2g})"
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "band": self.band, "config": self.config, "ratio": self.ratio, "p": self.p,
+                "other_bands": self.other_bands, "text": self.text}
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    screening: Screening
+    status: str  # screening only | nothing to confirm | confirmation unfinished | confirmed
+    status_note: str
+    confirmation: dict | None  # run.json's stage-2 plan
+    certifications: tuple[Certification, ...]
+    band_winners: tuple[Winner, ...]
+    size_certifications: tuple[Certification, ...] = ()
+    alpha: float = ALPHA
+    min_effect: float = MIN_EFFECT
+
+    # what the report and the CLI read besides the two stages
+    @property
+    def modes(self):
+        return self.screening.modes
+
+    @property
+    def configs(self):
+        return self.screening.configs
+
+    @property
+    def bands(self):
+        return self.screening.bands
+
+    @property
+    def excluded(self):
+        return self.screening.excluded
+
+    @property
+    def warnings(self):
+        return self.screening.warnings
+
+    @property
+    def primary_mode(self):
+        return self.screening.primary_mode
+
+    @property
+    def family_size(self) -> int:
+        return (self.confirmation or {}).get("family_size", 0)
+
+    def band_winner(self, band: str, mode: str) -> Winner | None:
+        return next((w for w in self.band_winners if w.band == band and w.mode == mode), None)
+
+    def to_json(self) -> dict:
+        return {"method": {"alpha_familywise": self.alpha, "min_effect": self.min_effect,
+                           "per_launch_value": f"mean of ln(samples) after dropping {stats.TRIM:.0%} at each end",
+                           "stage1": "screening estimates (not verdicts) from the interleaved trials",
+                           "stage2": "exact Wilcoxon-Mann-Whitney on band values of fresh rounds, Bonferroni over "
+                                     "the run's M claims; Hodges-Lehmann ratio <= 0.97 / >= 1.03"},
+                "status": self.status, "status_note": self.status_note, "family_size": self.family_size,
+                "primary_mode": self.primary_mode, "confirmation": self.confirmation,
+                "certifications": [c.to_json() for c in self.certifications],
+                "band_winners": [w.to_json() for w in self.band_winners],
+                "size_certifications": [c.to_json() for c in self.size_certifications],
+                "screening": self.screening.to_json()}
+
+
+def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]) -> Verdicts:
+    """Verdicts from launch values (stage 1 and 2) and run.json (spec, launches, confirmation plan)."""
+    spec = run.get("spec", {})
+    tokens_by_size = {s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])}
+    modes = list(dict.fromkeys(list(spec.get("modes") or []) + sorted({v.mode for v in values})))
+    scr = screening.screen(values, configs=[c["name"] for c in run.get("configs", [])], modes=modes,
+                           tokens_by_size=tokens_by_size, bands=spec.get("bands") or {}, excluded=excluded)
+    sizes = certify.certify_sizes(scr, values) if run.get("certify_sizes") else []
+    plan = run.get("confirmation")
+    if not plan:
+        if run.get("confirm_requested") is False:
+            note = f"stopped after screening (--no-confirm): run  commdiag confirm {run_dir_hint(run)}  to certify"
+        elif int(run.get("version", 1)) < 3:
+            note = "a run folder from before two-stage verdicts: screening only; commdiag confirm RUN_DIR certifies it"
+        else:
+            note = "stage 1 unfinished: no confirmation yet"
+        return Verdicts(scr, SCREENING_ONLY, note, None, (), _no_winners(scr), tuple(sizes))
+    if not plan.get("claims"):
+        return Verdicts(scr, NO_CANDIDATES,
+                        "screening found no config at least 3% faster than default in any band, and the spec names "
+                        "no confirm.configs: nothing to certify, keep NCCL defaults", plan, (), _no_winners(scr),
+                        tuple(sizes))
+    stage2 = [l for l in run.get("launches", []) if l.get("stage") == 2]
+    if any(l.get("status") == "pending" for l in stage2):
+        return Verdicts(scr, PENDING, "confirmation unfinished: commdiag sweep --resume RUN_DIR finishes it", plan, (),
+                        _no_winners(scr), tuple(sizes))
+    round_of = {l["index"]: int(l.get("round", 0)) for l in stage2}
+    certs = certify.certify(plan, values, scr.band_sizes, round_of, excluded)
+    winners = []
+    for b in scr.bands:
+        mode = plan.get("mode") or scr.primary_mode
+        best = [c for c in certs if c.claim.band == b and c.claim.mode == mode and c.result == certify.FASTER
+                and c.eligible]
+        if not best:
+            winners.append(Winner(mode, b, None, None, None))
+            continue
+        w = min(best, key=lambda c: (c.ratio, c.claim.config))
+        others = {o: certify.band_ratio(values, w.claim.config, mode, scr.band_sizes.get(o, []))
+                  for o in scr.bands if o != b and scr.band_sizes.get(o)}
+        winners.append(Winner(mode, b, w.claim.config, w.ratio, w.p, others))
+    looks = len(plan.get("looks", []))
+    note = (f"{sum(c.certified for c in certs)} of {len(certs)} claims certified; stage 2: "
+            f"{sum(lk['rounds'] for lk in plan.get('looks', []))} rounds"
+            + (f" over {looks} looks" if looks > 1 else ""))
+    return Verdicts(scr, CONFIRMED, note, plan, tuple(certs), tuple(winners), tuple(sizes))
+
+
+def _no_winners(scr: Screening) -> tuple[Winner, ...]:
+    mode = scr.primary_mode
+    return tuple(Winner(mode, b, None, None, None) for b in scr.bands) if mode else ()
+
+
+def run_dir_hint(run: dict) -> str:
+    return run.get("run_dir") or "RUN_DIR"
+
+
+def evaluate_run(data) -> Verdicts:
+    """Verdicts for a loaded run folder (``results.RunData``)."""
+    run = data.run
+    values = stats.launch_values(data.samples, stats.usable_launches(run), stats.launch_stages(run))
+    return evaluate(values, run, stats.exclusions(run, data.summary))
+
+
+def screening_of(data) -> tuple[Screening, list[stats.LaunchValue]]:
+    """Stage 1 alone (what the sweep plans stage 2 from)."""
+    run = data.run
+    values = stats.launch_values(data.samples, stats.usable_launches(run), stats.launch_stages(run))
+    spec = run.get("spec", {})
+    modes = list(dict.fromkeys(list(spec.get("modes") or []) + sorted({v.mode for v in values})))
+    scr = screening.screen(values, configs=[c["name"] for c in run.get("configs", [])], modes=modes,
+                           tokens_by_size={s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])},
+                           bands=spec.get("bands") or {}, excluded=stats.exclusions(run, data.summary))
+    return scr, values
+
+
+def profile_plan(verdicts: Verdicts, run: dict, source: str, created: str) -> dict[str, tuple[dict, dict]]:
+    """Which profile files a run folder gets: {file name: (settings, meta)} (module docstring)."""
+    envs = {c["name"]: c.get("env", {}) for c in run.get("configs", [])}  # what was measured, base_env included
+    plan: dict[str, tuple[dict, dict]] = {}
+    band_names = list(verdicts.bands)
+    for w in verdicts.band_winners:
+        if w.config is None:
+            continue
+        meta = {"source": source, "band": f"{w.band} {verdicts.bands[w.band]} tokens", "config": w.config,
+                "created": created, "mode": w.mode,
+                "certified": f"ratio {w.ratio:.3f} vs default, p = {w.p:.2g} (stage 2, exact rank test)"}
+        plan[f"profile-{w.band}.env"] = ({k: str(v) for k, v in envs.get(w.config, {}).items()}, meta)
+    if band_names and f"profile-{band_names[0]}.env" in plan:
+        first = verdicts.band_winner(band_names[0], verdicts.primary_mode) or next(
+            w for w in verdicts.band_winners if w.band == band_names[0] and w.config)
+        hurts = [b for b, r in first.other_bands.items() if r is None or r > 1 + MIN_EFFECT]
+        if not hurts:
+            plan["profile.env"] = plan[f"profile-{band_names[0]}.env"]
+    return plan
