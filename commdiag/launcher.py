@@ -90,12 +90,16 @@ def run(argv: list[str], env: dict[str, str], log_path: Path, deadline_s: float)
 
 def launch_worker(folder: Path, plan: dict, *, base_env: dict[str, str], config_env: dict[str, str],
                   extra_env: dict[str, str], nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id: str,
-                  deadline_s: float) -> tuple[LaunchOutcome, str]:
-    """Write ``plan.json`` into ``folder`` and run the worker under torchrun; returns (outcome, marker)."""
+                  deadline_s: float, marker: str | None = None) -> tuple[LaunchOutcome, str]:
+    """Write ``plan.json`` into ``folder`` and run the worker under torchrun; returns (outcome, marker).
+
+    ``marker``: the launch's COMMDIAG_LAUNCH_ID, when the caller recorded it in run.json before
+    launching (so that a resume after kill -9 can find the launch's orphans: runlock.reap_orphans);
+    default a fresh one."""
     from .atomic import write_json
 
     write_json(folder / "plan.json", plan)
-    marker = new_marker()
+    marker = marker or new_marker()
     env = launch_env(base_env, config_env, {**extra_env, MARKER: marker})
     argv = torchrun_argv(nproc, nnodes, rdzv_endpoint, rdzv_id, deadline_s, folder / "plan.json")
     return run(argv, env, folder / "torchrun.log", deadline_s), marker
