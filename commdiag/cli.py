@@ -103,7 +103,7 @@ def _progress_line(p) -> str:
 def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes):
     """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial), then
     confirm the screening's candidates on fresh launches (stage 2) for a certified answer."""
-    from . import report, results, spec as spec_mod, sweep as sweep_mod
+    from . import spec as spec_mod, sweep as sweep_mod
 
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
