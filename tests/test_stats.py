@@ -1,170 +1,171 @@
-"""Verdict logic on literal data (and on recorded real CPU runs): commdiag/stats.py."""
+"""The verdict method on literal data and recorded real CPU runs: stats.py, screening.py, certify.py, verdict.py."""
 
 from __future__ import annotations
 
 import math
-import random
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
-from commdiag import results, stats
-from commdiag.stats import FASTER, INCONCLUSIVE, SAME, SLOWER, LaunchMedian
+from commdiag import certify, results, screening, stats, verdict
+from commdiag.stats import LESS, TWO_SIDED, LaunchValue
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 SIZES = {4096: 1, 65536: 16, 1048576: 256, 4194304: 1024}
 BANDS = {"decode": [1, 64], "prefill": [256, None]}
 
 
-def medians(table: dict[str, dict[int, list[float]]], mode: str = "graph") -> list[LaunchMedian]:
-    """{config: {size: [launch medians]}} -> LaunchMedian rows; launch ids are interleaved as a sweep does."""
-    rows = []
-    for config, by_size in table.items():
-        for size, vals in by_size.items():
-            for i, v in enumerate(vals):
-                rows.append(LaunchMedian(config, 1000 * i + sorted(table).index(config), size, mode, v))
-    return rows
+def make_run(stage1: dict[str, list[float]], stage2: dict[str, list[float]] | None = None, *,
+             confirm: tuple[str, ...] = (), per_size: dict[str, dict[int, float]] | None = None,
+             rounds: int | None = None, excluded: dict | None = None, stage2_scale: dict | None = None):
+    """A run of literal launch times (us, one number per launch, the same at every size unless
+    ``per_size`` scales a config at a size).  Stage 2 is planned by commdiag itself from stage 1;
+    ``stage2`` gives each planned config's fresh launch times in round order."""
+    names = list(stage1)
+    run = {"version": 3, "spec": {"sizes": [{"bytes": b, "tokens": t} for b, t in SIZES.items()],
+                                  "modes": ["graph"], "bands": BANDS},
+           "configs": [{"name": n, "env": {"NCCL_PROTO": n} if n != "default" else {}} for n in names],
+           "launches": []}
+    values = []
+    index = 0
+
+    def add(config, t, stage, rnd=None):
+        nonlocal index
+        run["launches"].append({"index": index, "config": config, "stage": stage, "status": "ok",
+                                **({"round": rnd} if rnd is not None else {})})
+        for size in SIZES:
+            scale = (per_size or {}).get(config, {}).get(size, 1.0)
+            if stage == 2:
+                scale *= (stage2_scale or {}).get(config, {}).get(size, 1.0)
+            values.append(LaunchValue(config, index, size, "graph", math.log(t * scale), stage))
+        index += 1
+
+    for k in range(max(len(v) for v in stage1.values())):
+        for n in names:
+            if k < len(stage1[n]):
+                add(n, stage1[n][k], 1)
+    scr = screening.screen(values, configs=names, modes=["graph"], tokens_by_size=SIZES, bands=BANDS,
+                           excluded=excluded)
+    claims = certify.plan_claims(scr, confirm)
+    run["confirmation"] = certify.confirmation_plan(claims, rounds, index, "t")
+    if stage2 is not None:
+        for r in range(max(len(v) for v in stage2.values())):
+            for n in run["confirmation"]["configs"]:
+                if r < len(stage2.get(n, [])):
+                    add(n, stage2[n][r], 2, r)
+    return run, values
 
 
-def evaluate(table, **kw):
-    kw.setdefault("configs", list(table))
-    kw.setdefault("modes", ["graph"])
-    kw.setdefault("tokens_by_size", SIZES)
-    kw.setdefault("bands", BANDS)
-    return stats.evaluate(medians(table), **kw)
+def judge(run, values, excluded=None):
+    return verdict.evaluate(values, run, excluded or {})
 
 
-def cell(v, config, size, mode="graph"):
-    return next(c for c in v.cells if c.config == config and c.size_bytes == size and c.mode == mode)
+NOISY1 = [10.0, 10.1, 9.9, 10.05, 9.95, 10.02, 9.98, 10.08]
 
 
-def test_t_quantiles_match_tables():
-    assert stats.t_quantile(0.025, 1) == pytest.approx(12.7062, abs=1e-3)
-    assert stats.t_quantile(0.025, 2) == pytest.approx(4.3027, abs=1e-3)
-    assert stats.t_quantile(0.025, 10) == pytest.approx(2.2281, abs=1e-3)
-    assert stats.t_quantile(0.0005, 4) == pytest.approx(8.6103, abs=1e-3)
-    assert stats.t_quantile(0.025, 1e6) == pytest.approx(1.95996, abs=1e-3)
+def test_per_launch_value_is_the_5_percent_trimmed_mean_of_ln_time():
+    from scipy.stats import trim_mean
+
+    # One launch mixing a fast and a slow mode (gloo on CPU): 52% fast, 48% slow.
+    times = [0.6] * 52 + [5.0] * 48
+    df = pd.DataFrame({"config": "default", "launch": 0, "size_bytes": 4096, "mode": "eager", "time_us": times})
+    (v,) = stats.launch_values(df)
+    assert v.value == pytest.approx(trim_mean(np.log(times), 0.05))
+    # the median sits in one mode and jumps to the other when two samples move; the trimmed mean barely moves
+    moved = df.assign(time_us=[0.6] * 49 + [5.0] * 51)
+    (w,) = stats.launch_values(moved)
+    assert abs(w.value - v.value) < 0.08  # 3 of 90 kept samples moved by ln(5/0.6)
+    assert math.log(moved["time_us"].median()) - math.log(df["time_us"].median()) > 2
 
 
-def test_identical_data_is_no_difference_everywhere():
-    same = {s: [10.0 * (1 + s / 1e6), 10.1 * (1 + s / 1e6), 9.95 * (1 + s / 1e6)] for s in SIZES}
-    v = evaluate({"default": same, "aa": dict(same)})
-    assert {c.verdict for c in v.cells} == {SAME}
-    assert all(c.ratio == pytest.approx(1.0) for c in v.cells)
-    assert all(c.hi < 1 + stats.EQUIVALENCE for c in v.cells)  # "same" rules out a 10% effect
-    assert all(w.config is None for w in v.size_winners + v.band_winners)
-    assert all(w.text == "keep NCCL defaults" for w in v.band_winners)
+def test_exact_rank_test_and_hodges_lehmann_on_hand_checked_cases():
+    assert stats.rank_test([1, 2, 3], [4, 5, 6], LESS) == pytest.approx(1 / 20)
+    assert stats.rank_test([1, 2, 3], [4, 5, 6], TWO_SIDED) == pytest.approx(2 / 20)
+    assert stats.rank_test([4, 5, 6], [1, 2, 3], LESS) == pytest.approx(1.0)
+    assert stats.hodges_lehmann([1, 2, 3], [0, 0, 0]) == pytest.approx(2.0)
+    assert stats.signflip_test([-1, -1, -1], LESS) == pytest.approx(1 / 8)
+    assert stats.launches_to_reach(0.005, TWO_SIDED) == 6 and stats.launches_to_reach(0.005, LESS) == 5
 
 
-def test_identical_but_noisy_data_is_inconclusive_not_same():
-    # 3 launches at ~3.5% launch noise: the ratio is 1.0, but the interval cannot rule out a
-    # 10% effect, so "no significant difference" would overclaim (seen on 2x H200 in eager mode).
-    same = {s: [10.0, 10.5, 9.8] for s in SIZES}
-    v = evaluate({"default": same, "aa": dict(same)})
-    for c in v.cells:
-        assert c.ratio == pytest.approx(1.0)
-        assert c.hi > 1 + stats.EQUIVALENCE
-        assert c.verdict == INCONCLUSIVE and c.more_launches and c.more_launches > 0
-        assert c.label.startswith("inconclusive: about")
-    # with the launches it asks for, the same noise gives "no significant difference"
-    more = v.cells[0].more_launches
-    pattern = [10.0, 10.5, 9.8]
-    many = {s: (pattern * (more + 3))[: 3 + more] for s in SIZES}
-    v = evaluate({"default": many, "aa": dict(many)})
-    assert {c.verdict for c in v.cells} == {SAME}
+def test_the_cpu_twin_that_was_crowned_is_not_certified():
+    # The issue's real case: gloo A/A on CPU, launch medians 2630/2418/3275 (default) vs 717/847/847 us
+    # (twin_b): the old t interval said "0.291 faster" and named a winner.  Screening still shows the
+    # estimate; stage 2's fresh launches fall into the same two states for both and certify nothing.
+    stage1 = {"default": [2630.0, 2418.0, 3275.0], "twin_a": [2500.0, 800.0, 2900.0], "twin_b": [717.0, 847.0, 847.0]}
+    fresh = {"default": [760.0, 2700.0, 820.0, 2950.0, 790.0, 2600.0],
+             "twin_b": [2800.0, 830.0, 2500.0, 770.0, 3100.0, 805.0]}
+    run, values = make_run(stage1, fresh)
+    v = judge(run, values)
+    est = v.screening.band_cell("twin_b", "decode", "graph")
+    assert est.ratio < 0.35 and "not certified" in est.label  # an estimate, labelled as such
+    assert [c.claim.config for c in v.certifications] == ["twin_b", "twin_b"]
+    (c, _) = v.certifications
+    assert not c.certified and c.result == certify.NOT_CERTIFIED
+    assert "two states" in c.text and "keep NCCL defaults" in c.text
+    assert "smallest attainable p = 0.0011" in c.text and "6 launches per arm" in c.text
+    assert all(w.config is None for w in v.band_winners)
+    assert verdict.profile_plan(v, run, "r", "t") == {}
 
 
-def simulated_run(rng: random.Random, shift: float, noise: float, launches: int = 3, configs=("default", "aa")):
-    """Launch medians with multiplicative launch noise (log-normal) and a launch-level factor
-    shared by all sizes of a launch, as on real machines."""
-    table = {}
-    for c in configs:
-        table[c] = {s: [] for s in SIZES}
-        for _ in range(launches):
-            launch_factor = math.exp(rng.gauss(0, noise))
-            for s in SIZES:
-                base = 10.0 + s / 1e5
-                mult = shift if c != "default" else 1.0
-                table[c][s].append(base * mult * launch_factor * math.exp(rng.gauss(0, noise / 3)))
-    return table
-
-
-def test_aa_false_differences_stay_within_the_family_wise_rate():
-    rng = random.Random(1234)
-    runs_with_a_difference = 0
-    for _ in range(300):
-        v = evaluate(simulated_run(rng, 1.0, noise=0.07))
-        runs_with_a_difference += any(c.verdict in (FASTER, SLOWER) for c in v.cells + v.band_cells)
-    # 1% family-wise by construction (stats.ALPHA); allow sampling slack (binomial sd ~ 0.6%).
-    assert runs_with_a_difference <= 0.03 * 300
-
-
-def test_known_10_percent_shift_is_detected():
-    # Power: 3 launches at 1% launch noise, or 5 launches at 1.5%, find a 10% speedup at every size.
-    rng = random.Random(7)
-    for noise, launches in ((0.01, 3), (0.015, 5)):
-        detected = 0
-        for _ in range(50):
-            v = evaluate(simulated_run(rng, 0.90, noise=noise, launches=launches, configs=("default", "fast", "aa")))
-            detected += all(cell(v, "fast", s).verdict == FASTER for s in SIZES)
-        assert detected >= 45, (noise, launches, detected)
-    # One literal case, checked in full: the ratio, its interval, the winners.
-    table = {"default": {s: [10.0, 10.2, 9.9] for s in SIZES},
-             "fast": {s: [9.0, 9.15, 8.95] for s in SIZES},
-             "aa": {s: [10.1, 9.95, 10.15] for s in SIZES}}
-    v = evaluate(table)
-    c = cell(v, "fast", 4096)
-    assert c.verdict == FASTER and c.ratio == pytest.approx(0.9, abs=0.01)
-    assert c.lo < c.ratio < c.hi < 1.0
-    assert cell(v, "aa", 4096).verdict == SAME
-    assert {w.config for w in v.size_winners} == {"fast"}
+def test_a_clear_10_percent_winner_is_certified_and_makes_profiles():
+    stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.15, 8.95], "aa": [10.1, 9.95, 10.15]}
+    fresh = {"default": NOISY1[:6], "fast": [x * 0.9 for x in NOISY1[2:8]]}
+    run, values = make_run(stage1, fresh)
+    v = judge(run, values)
+    assert v.status == verdict.CONFIRMED and v.family_size == 2
+    assert {(c.claim.band, c.claim.alternative) for c in v.certifications} == {("decode", LESS), ("prefill", LESS)}
+    for c in v.certifications:
+        assert c.result == certify.FASTER and c.ratio == pytest.approx(0.9, abs=0.01)
+        assert c.p == pytest.approx(1 / 924) and c.p <= c.threshold == pytest.approx(0.005)
+        assert c.text.startswith("certified faster: 10.0% faster")
     assert v.band_winner("decode", "graph").config == "fast"
-    assert v.band_winner("prefill", "graph").config == "fast"
+    plan = verdict.profile_plan(v, run, "reports/x", "2026-11-30T00:00:00Z")
+    assert set(plan) == {"profile-decode.env", "profile-prefill.env", "profile.env"}
+    settings, meta = plan["profile.env"]
+    assert settings == {"NCCL_PROTO": "fast"} and meta["config"] == "fast" and "p = 0.0011" in meta["certified"]
 
 
-def test_known_10_percent_slowdown_is_slower_and_never_wins():
-    table = {"default": {s: [10.0, 10.2, 9.9] for s in SIZES},
-             "slow": {s: [11.0, 11.2, 10.95] for s in SIZES}}
-    v = evaluate(table)
-    assert {c.verdict for c in v.cells} == {SLOWER}
-    assert all(w.config is None for w in v.size_winners + v.band_winners)
+def test_screening_alone_never_certifies_or_writes_a_profile():
+    stage1 = {"default": [10.0, 10.2, 9.9], "fast": [5.0, 5.1, 4.9]}  # 2x faster in screening
+    run, values = make_run(stage1)
+    del run["confirmation"]
+    run["confirm_requested"] = False
+    v = judge(run, values)
+    assert v.status == verdict.SCREENING_ONLY and "--no-confirm" in v.status_note
+    assert not v.certifications and all(w.config is None for w in v.band_winners)
+    assert verdict.profile_plan(v, run, "r", "t") == {}
 
 
-def test_bimodal_noise_produces_no_winner():
-    # The eager-mode numbers measured on 2x H200: identical launches at 23.7, 39.7, 24.9, 40.1 us.
-    table = {"default": {4096: [23.7, 39.7, 24.9, 40.1]},
-             "lucky": {4096: [24.0, 25.1, 38.0]},  # looks ~15% faster: two of three launches landed fast
-             "aa": {4096: [40.3, 24.2, 39.9]}}
-    v = evaluate(table, bands={"decode": [1, 64]})
-    c = cell(v, "lucky", 4096)
-    assert c.time_us / c.default_us < 0.8  # comparing medians would crown it (25.1 vs 32.3 us)
-    assert c.verdict == INCONCLUSIVE
-    assert c.more_launches and c.more_launches > 3
-    assert "more launches needed" in c.label
-    assert all(w.config is None for w in v.size_winners + v.band_winners)
-    assert any("noise" in w for w in v.warnings)
+def test_a_named_config_is_certified_slower_and_never_wins():
+    stage1 = {"default": [10.0, 10.2, 9.9], "seed": [24.0, 24.1, 23.8]}
+    fresh = {"default": NOISY1[:6], "seed": [x * 2.4 for x in NOISY1[1:7]]}
+    run, values = make_run(stage1, fresh, confirm=("seed",))
+    v = judge(run, values)
+    assert v.family_size == 2 and {c.claim.alternative for c in v.certifications} == {TWO_SIDED}
+    assert all(c.result == certify.SLOWER and c.ratio > 2.3 for c in v.certifications)
+    assert "certified slower" in v.certifications[0].text
+    assert all(w.config is None for w in v.band_winners)
 
 
-def test_launches_that_agree_by_luck_do_not_buy_a_narrow_interval():
-    # Default landed fast three times, the copy slow three times, while the other configs show
-    # that launches swing by 40%: the pooled noise must keep this from being "different".
-    table = {"default": {4096: [24.0, 24.3, 24.1]}, "aa": {4096: [26.5, 26.6, 26.4]},
-             "x": {4096: [24.0, 40.0, 25.0]}, "y": {4096: [39.0, 24.5, 40.5]}}
-    v = evaluate(table, bands={})
-    assert cell(v, "aa", 4096).verdict != SLOWER
+def test_screening_candidate_and_named_config_merge_into_one_two_sided_claim():
+    stage1 = {"default": [10.0, 10.2, 9.9], "seed": [9.0, 9.1, 8.9], "x": [9.5, 9.6, 9.4]}
+    run, values = make_run(stage1, confirm=("seed",))
+    claims = certify.claims_of(run["confirmation"])
+    assert [(c.config, c.band, c.alternative, c.reason) for c in claims] == [
+        ("seed", "decode", TWO_SIDED, "screening, confirm.configs"),
+        ("seed", "prefill", TWO_SIDED, "screening, confirm.configs")]
+    assert run["confirmation"]["configs"] == ["default", "seed"]
 
 
-def test_a_config_with_wrong_results_is_never_a_winner():
-    table = {"default": {s: [10.0, 10.2, 9.9] for s in SIZES},
-             "wrongsum": {s: [7.0, 7.1, 6.9] for s in SIZES},  # fastest of all: it skips work
-             "fast": {s: [9.0, 9.15, 8.95] for s in SIZES}}
-    run = {"launches": [{"index": 0, "config": "wrongsum", "trial": 0, "status": "incorrect", "wrong": 12},
-                        {"index": 1, "config": "fast", "trial": 0, "status": "ok", "wrong": 0}]}
-    excluded = stats.exclusions(run)
-    assert set(excluded) == {"wrongsum"} and "incorrect" in excluded["wrongsum"]
-    v = evaluate(table, excluded=excluded)
-    assert cell(v, "wrongsum", 4096).verdict == FASTER and not cell(v, "wrongsum", 4096).eligible
-    assert {w.config for w in v.size_winners} == {"fast"}
+def test_a_certified_config_with_wrong_results_is_never_a_winner():
+    stage1 = {"default": [10.0, 10.2, 9.9], "wrongsum": [7.0, 7.1, 6.9], "fast": [9.0, 9.1, 8.95]}
+    excluded = stats.exclusions({"launches": [{"index": 0, "config": "wrongsum", "status": "incorrect", "wrong": 12}]})
+    run, values = make_run(stage1, {"default": NOISY1[:6], "fast": [x * 0.9 for x in NOISY1[:6]]},
+                           excluded=excluded)
+    assert {c.config for c in certify.claims_of(run["confirmation"])} == {"fast"}  # wrongsum is not eligible
+    v = judge(run, values, excluded)
     assert v.band_winner("decode", "graph").config == "fast"
 
 
@@ -179,75 +180,76 @@ def test_failed_or_timed_out_launch_excludes_and_only_trusted_launches_count():
     assert stats.usable_launches(run) == {1, 3}
 
 
-def test_one_launch_per_config_is_inconclusive():
-    v = evaluate({"default": {4096: [10.0]}, "fast": {4096: [5.0]}}, bands={})
-    c = cell(v, "fast", 4096)
-    assert c.verdict == INCONCLUSIVE and c.lo is None and c.more_launches is None
-    assert "noise unknown" in c.label
+def test_a_real_but_tiny_difference_is_not_worth_a_claim():
+    stage1 = {"default": [10.0, 10.2, 9.9], "tiny": [9.6, 9.7, 9.6]}
+    run, values = make_run(stage1, {"default": [10.0] * 6, "tiny": [9.85, 9.851, 9.849, 9.852, 9.848, 9.85]})
+    v = judge(run, values)
+    (c, _) = v.certifications
+    assert c.p <= c.threshold and not c.certified and "below the 3%" in c.text
 
 
-def test_real_but_tiny_difference_is_below_the_minimum_effect():
-    table = {"default": {4096: [10.0, 10.001, 9.999]}, "tiny": {4096: [9.85, 9.851, 9.849]}}
-    v = evaluate(table, bands={})
-    c = cell(v, "tiny", 4096)
-    assert c.hi < 1.0  # significant ...
-    assert c.verdict == SAME  # ... but 1.5% is below the 3% minimum effect
+def test_profile_env_is_withheld_when_the_decode_winner_is_slower_in_prefill():
+    stage1 = {"default": [10.0, 10.2, 9.9], "decodeonly": [9.0, 9.1, 8.95]}
+    slow_prefill = {"decodeonly": {1048576: 1.25, 4194304: 1.25}}  # fresh launches: 10% faster, but slow prefill
+    run, values = make_run(stage1, {"default": NOISY1[:6], "decodeonly": [x * 0.9 for x in NOISY1[:6]]},
+                           stage2_scale=slow_prefill)
+    v = judge(run, values)
+    assert v.band_winner("decode", "graph").config == "decodeonly"
+    assert v.band_winner("decode", "graph").other_bands["prefill"] > 1.1
+    assert set(verdict.profile_plan(v, run, "r", "t")) == {"profile-decode.env"}
 
 
-def test_bonferroni_family_counts_every_comparison():
-    table = {"default": {s: [10.0, 10.1] for s in SIZES}, "a": {s: [10.0, 10.1] for s in SIZES},
-             "b": {s: [10.0, 10.1] for s in SIZES}}
-    v = evaluate(table)
-    assert v.family_size == 2 * len(SIZES)
-    assert v.band_family_size == 2 * len(BANDS)
+def test_drift_across_rounds_switches_to_the_within_round_sign_flip_test():
+    stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.1, 8.95]}
+    drifting = [10.0, 10.5, 11.0, 11.5, 12.0, 12.5]
+    run, values = make_run(stage1, {"default": drifting, "fast": [x * 0.9 for x in drifting]})
+    v = judge(run, values)
+    c = v.certifications[0]
+    assert c.test == "sign-flip" and c.drift[0] > 0.9
+    assert not c.certified and "--rounds 8" in c.text  # 6 rounds cannot reach 0.005 with 2^-6
+    # 8 rounds can (2 claims, one-sided: 1/256 <= 0.005)
+    drifting8 = [10.0 + 0.5 * i for i in range(8)]
+    run, values = make_run(stage1, {"default": drifting8, "fast": [x * 0.9 for x in drifting8]}, rounds=8)
+    assert all(c.certified and c.test == "sign-flip" for c in judge(run, values).certifications)
 
 
-def test_band_winner_must_not_be_slower_at_any_size_of_the_band():
-    table = {"default": {4096: [10.0, 10.1, 9.9], 65536: [10.0, 10.1, 9.9]},
-             "mixed": {4096: [6.0, 6.05, 5.95], 65536: [11.5, 11.6, 11.45]}}
-    v = evaluate(table, bands={"decode": [1, 64]})
-    assert cell(v, "mixed", 4096).verdict == FASTER and cell(v, "mixed", 65536).verdict == SLOWER
-    assert v.band_winner("decode", "graph").config is None
+def test_hopeless_noise_says_it_cannot_be_certified_at_a_sane_cost():
+    stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.5, 9.6, 9.55]}
+    rng = np.random.default_rng(3)
+    fresh = {"default": list(10 * np.exp(rng.normal(0, 0.3, 6))), "fast": list(9.6 * np.exp(rng.normal(0, 0.3, 6)))}
+    run, values = make_run(stage1, fresh)
+    c = judge(run, values).certifications[0]
+    assert not c.certified and c.launches_needed > certify.SANE_LAUNCHES
+    assert "cannot be certified at a sane cost" in c.text and "launches per arm would give 80% power" in c.text
 
 
-def test_profile_plan_writes_band_winners_and_profile_env_for_the_first_band():
-    table = {"default": {s: [10.0, 10.2, 9.9] for s in SIZES},
-             "fast": {s: [9.0, 9.15, 8.95] for s in SIZES}}
-    v = evaluate(table)
-    run = {"configs": [{"name": "default", "env": {"NCCL_NVLS_ENABLE": "0"}},
-                       {"name": "fast", "env": {"NCCL_NVLS_ENABLE": "0", "NCCL_PROTO": "LL"}}]}
-    plan = stats.profile_plan(v, run, "reports/x", "2026-11-29T00:00:00Z")
-    assert set(plan) == {"profile-decode.env", "profile-prefill.env", "profile.env"}
-    settings, meta = plan["profile.env"]
-    assert settings == {"NCCL_NVLS_ENABLE": "0", "NCCL_PROTO": "LL"}
-    assert "band decode" in meta["source"] and meta["mode"] == "graph"
+def test_nothing_to_confirm_when_screening_finds_no_candidate():
+    stage1 = {"default": [10.0, 10.2, 9.9], "aa": [10.1, 9.95, 10.15]}
+    run, values = make_run(stage1)
+    assert run["confirmation"]["claims"] == [] and run["confirmation"]["looks"][0]["rounds"] == 0
+    v = judge(run, values)
+    assert v.status == verdict.NO_CANDIDATES and "keep NCCL defaults" in v.status_note
 
 
-def test_profile_env_is_withheld_when_the_decode_winner_hurts_prefill():
-    table = {"default": {s: [10.0, 10.2, 9.9] for s in SIZES},
-             "decodeonly": {4096: [8.0, 8.1, 7.95], 65536: [8.0, 8.1, 7.95],
-                            1048576: [12.0, 12.1, 11.9], 4194304: [12.0, 12.1, 11.9]}}
-    v = evaluate(table)
-    plan = stats.profile_plan(v, {"configs": [{"name": "decodeonly", "env": {"NCCL_PROTO": "LL"}}]}, "r", "t")
-    assert set(plan) == {"profile-decode.env"}
+def test_a_further_look_halves_the_threshold():
+    plan = certify.confirmation_plan([certify.Claim("x", "graph", "decode", None, LESS, "screening", 0.9)] * 2,
+                                     None, 9, "t")
+    assert plan["looks"][0]["threshold"] == pytest.approx(0.005) and plan["looks"][0]["rounds"] == 6
+    certify.add_look(plan, 4, "t2")
+    assert plan["looks"][1] == {"look": 2, "rounds": 4, "threshold": pytest.approx(0.0025), "created_utc": "t2"}
 
 
-def test_no_winner_means_no_profile():
-    same = {s: [10.0, 10.2, 9.9] for s in SIZES}
-    assert stats.profile_plan(evaluate({"default": same, "aa": same}), {"configs": []}, "r", "t") == {}
+def test_pending_stage_2_launches_mean_no_verdict_yet():
+    stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.15, 8.95]}
+    run, values = make_run(stage1, {"default": NOISY1[:6], "fast": [x * 0.9 for x in NOISY1[:6]]})
+    run["launches"][-1]["status"] = "pending"
+    v = judge(run, values)
+    assert v.status == verdict.PENDING and not v.certifications and "--resume" in v.status_note
 
 
 @pytest.mark.parametrize("run", ["cpu-aa-a", "cpu-aa-b"])
-def test_recorded_real_aa_runs_never_come_out_different(run):
-    v = stats.evaluate_run(results.load_run(FIXTURES / run))
-    assert v.cells, "the fixture must contain comparisons"
-    assert not [c for c in v.cells + v.band_cells if c.verdict in (FASTER, SLOWER)]
-    assert all(w.config is None for w in v.size_winners + v.band_winners)
-
-
-def test_an_interval_spanning_orders_of_magnitude_is_called_too_wide():
-    from dataclasses import replace
-
-    cell = next(c for c in stats.evaluate_run(results.load_run(FIXTURES / "cpu-aa-a")).cells if c.lo is not None)
-    assert "too wide" not in replace(cell, ratio=1.0, lo=0.9, hi=1.1).ratio_text()
-    assert replace(cell, ratio=1.0, lo=0.001, hi=900.0).ratio_text() == "1.000 [interval too wide to tell: more launches]"
+def test_recorded_real_aa_runs_are_screening_only(run):
+    v = verdict.evaluate_run(results.load_run(FIXTURES / run))
+    assert v.screening.cells, "the fixture must contain estimates"
+    assert v.status == verdict.SCREENING_ONLY and "before two-stage verdicts" in v.status_note
+    assert not v.certifications and all(w.config is None for w in v.band_winners)
