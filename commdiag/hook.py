@@ -332,7 +332,7 @@ def _targets(req: Request, roots: Roots, hooks, meta: dict) -> list[Target]:
 
 def _plan(req: Request, roots: Roots, hooks, sdir: str) -> tuple[list[Target], Plan]:
     """The install plan against the manifest and the files as they are now."""
-    records = {r["key"]: r for r in hookstate.load_manifest(sdir)["installs"]}
+    records = {r["key"]: r for r in hookstate.load_manifest(sdir, roots)["installs"]}
     meta = _meta(req.settings, req.python, req.root)
     targets = _targets(req, roots, hooks, meta)
     same = [records.get(t.key) for t in targets]
@@ -460,12 +460,12 @@ def uninstall(*, python: str | None = None, method: str = "auto", systemd_unit: 
         return hookplan.plan_uninstall(chosen, hookstate.snapshot(paths, bytecode), force=force)
 
     if dry_run:
-        plan = make(hookstate.load_manifest(sdir))
+        plan = make(hookstate.load_manifest(sdir, roots))
         return InstallResult(plan, True, sdir, render_plan(plan))
     if not os.path.exists(os.path.join(sdir, hookstate.MANIFEST_NAME)):
         raise CommdiagError(f"no commdiag install recorded in {sdir}")
     with hookstate.locked(sdir) as state_created:
-        plan = make(hookstate.load_manifest(sdir))
+        plan = make(hookstate.load_manifest(sdir, roots))
         hookstate.apply(plan, roots)
         hookstate.commit_records(sdir, plan, state_created)
     return InstallResult(plan, False, sdir, render_plan(plan))

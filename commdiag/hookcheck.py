@@ -252,7 +252,7 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
     dirs = [hookstate.state_dir(roots)]
     if root is None and os.geteuid() != 0 and os.path.isdir("/var/lib/commdiag"):
         dirs.append("/var/lib/commdiag")
-    records = [r for d in dirs for r in hookstate.load_manifest(d)["installs"]]
+    records = [r for d in dirs for r in hookstate.load_manifest(d, roots)["installs"]]
     hooks = probe_target(python, flags)
     out = []
     for r in records:

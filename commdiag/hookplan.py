@@ -247,8 +247,8 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
             if f["role"] == CACHE or _unchanged_since(cur, f):
                 if not cur.same(back):
                     changes.append(Change(path, f["shown"], cur, back, "restore (no longer installed here)"))
-            elif f["role"] == BLOCK and hooktext.find_block(cur.text()) is not None:
-                changes.append(Change(path, f["shown"], cur, new_file(hooktext.strip_blocks(cur.text()), like=cur),
+            elif f["role"] == BLOCK and hooktext.has_any_block(cur.text()):
+                changes.append(Change(path, f["shown"], cur, new_file(hooktext.strip_any_blocks(cur.text()), like=cur),
                                       "remove commdiag block (file changed since install)"))
             else:
                 warnings.append(f"{f['shown']}: changed since commdiag installed it; left as it is")
@@ -299,8 +299,8 @@ def plan_uninstall(records: list[dict], snapshot: dict[str, FileState], *, force
             if f["role"] == CACHE or _unchanged_since(cur, f) or force:
                 if not cur.same(back):
                     changes.append(Change(path, f["shown"], cur, back, "restore"))
-            elif f["role"] == BLOCK and cur.kind == FILE and hooktext.find_block(cur.text()) is not None:
-                changes.append(Change(path, f["shown"], cur, new_file(hooktext.strip_blocks(cur.text()), like=cur),
+            elif f["role"] == BLOCK and cur.kind == FILE and hooktext.has_any_block(cur.text()):
+                changes.append(Change(path, f["shown"], cur, new_file(hooktext.strip_any_blocks(cur.text()), like=cur),
                                       "remove commdiag block only"))
                 notes.append(f"{f['shown']}: changed since install; removed only commdiag's block, kept the rest")
             else:

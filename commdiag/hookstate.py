@@ -25,17 +25,19 @@ Format history of installs.json: 1  first version.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import fcntl
 import json
 import os
 import posixpath
+import re
 import stat
 import tempfile
 from dataclasses import dataclass
 
-from .errors import CommdiagError
+from .errors import CommdiagError, brief
 from .hookplan import ABSENT, DIR, DIR_MODE, FILE, OTHER, SYMLINK, FileState, Plan
 
 MANIFEST_FORMAT = "commdiag-hook-manifest"
@@ -132,21 +134,163 @@ def snapshot(paths, bytecode_dirs=()) -> dict[str, FileState]:
 
 # --- the manifest ----------------------------------------------------------------------------
 
-def load_manifest(sdir: str) -> dict:
+def _empty_manifest() -> dict:
+    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "installs": [], "state_dirs_created": []}
+
+
+def load_manifest(sdir: str, roots: Roots | None = None) -> dict:
+    """The manifest, validated: it is data read back from disk, and uninstall writes wherever it
+    says.  Refused: a manifest that is not a regular file (a FIFO would hang every install), a
+    symlink, one writable by others or owned by another user, and any entry whose paths are not
+    where commdiag writes (see ``check_manifest``)."""
     path = os.path.join(sdir, MANIFEST_NAME)
     try:
-        with open(path) as f:
-            m = json.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "installs": [], "state_dirs_created": []}
-    except (OSError, ValueError) as e:
-        raise CommdiagError(f"{path}: cannot read the install manifest: {e}") from None
-    if m.get("format") != MANIFEST_FORMAT:
-        raise CommdiagError(f"{path}: format: {m.get('format')!r} is not {MANIFEST_FORMAT!r}")
-    if not isinstance(m.get("version"), int) or m["version"] > MANIFEST_VERSION:
-        raise CommdiagError(f"{path}: version: {m.get('version')!r} is newer than this commdiag understands "
+        return _empty_manifest()
+    except OSError as e:
+        why = "is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise CommdiagError(f"{path}: cannot read the install manifest: {why}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CommdiagError(f"{path}: the install manifest is not a regular file; commdiag will not read "
+                                "it (remove it if you did not put it there)")
+        if st.st_mode & stat.S_IWOTH:
+            raise CommdiagError(f"{path}: the install manifest is writable by every user; anyone could have "
+                                "changed what --uninstall restores (check it, then chmod o-w)")
+        if st.st_uid not in (os.geteuid(), 0):
+            raise CommdiagError(f"{path}: the install manifest belongs to uid {st.st_uid}, not to you or root; "
+                                "commdiag will not act on it")
+        with os.fdopen(fd, "rb") as f:
+            fd = None
+            raw = f.read()
+    finally:
+        if fd is not None:
+            os.close(fd)
+    try:
+        m = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise CommdiagError(f"{path}: cannot read the install manifest: not JSON ({str(e)[:120]})") from None
+    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
+        found = m.get("format") if isinstance(m, dict) else type(m).__name__
+        raise CommdiagError(f"{path}: format: {brief(found)} is not {MANIFEST_FORMAT!r}")
+    version = m.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CommdiagError(f"{path}: version: {brief(version)} is not a manifest version (1..{MANIFEST_VERSION})")
+    if version > MANIFEST_VERSION:
+        raise CommdiagError(f"{path}: version: {version} is newer than this commdiag understands "
                             f"(<= {MANIFEST_VERSION}); upgrade commdiag to change or remove these installs")
+    check_manifest(m, path, sdir, roots)
+    m.setdefault("state_dirs_created", [])
     return m
+
+
+# What commdiag writes, by role (hook.py): a manifest entry naming anything else is refused.
+OWNED_NAMES = ("commdiag_nccl_hook.py", "commdiag-nccl.pth", "commdiag-nccl.conf")
+BLOCK_NAMES = ("sitecustomize.py", "nccl.conf", ".nccl.conf")
+_KINDS = (ABSENT, FILE, SYMLINK, DIR, OTHER)
+_UNSAFE = re.compile("[\x00-\x1f\x7f]")
+
+
+def _bad_path(p) -> str | None:
+    if not isinstance(p, str) or not p.startswith("/") or _UNSAFE.search(p):
+        return "is not an absolute path"
+    if posixpath.normpath(p) != p or "/../" in p + "/":
+        return "is not a normalized path"
+    return None
+
+
+def _inside(p: str, d: str) -> bool:
+    return p == d or p.startswith(d.rstrip("/") + "/")
+
+
+def check_manifest(m: dict, path: str, sdir: str, roots: Roots | None = None) -> None:
+    """Every path a manifest names is one commdiag could have written: an absolute, normalized
+    path; under ``--root`` inside it; an owned file by commdiag's own names (the hook module,
+    the .pth, a drop-in in UNIT.d/, /etc/commdiag/UNIT.env), a block in a sitecustomize.py or
+    nccl.conf, bytecode in the recorded import directory's __pycache__; created directories
+    only above the record's own files (or the state directory)."""
+    def bad(where: str, why: str) -> CommdiagError:
+        return CommdiagError(f"{path}: {where}: {why}; the manifest was changed by something other than "
+                             "commdiag, which will not act on it (restore it from a backup, or move it away)")
+
+    root = posixpath.normpath(os.path.abspath(roots.root)) if roots is not None and roots.root else None
+    installs = m.get("installs")
+    if not isinstance(installs, list):
+        raise bad("installs", "is not a list")
+    for i, r in enumerate(installs):
+        where = f"installs[{i}]"
+        if not isinstance(r, dict) or not isinstance(r.get("key"), str) or not isinstance(r.get("kind"), str):
+            raise bad(where, "is not an install record (key, kind, files)")
+        files = r.get("files")
+        if not isinstance(files, list):
+            raise bad(f"{where}.files", "is not a list")
+        paths = []
+        for j, f in enumerate(files):
+            fw = f"{where}.files[{j}]"
+            if not isinstance(f, dict):
+                raise bad(fw, "is not a file entry")
+            p = f.get("path")
+            why = _bad_path(p)
+            if why:
+                raise bad(f"{fw}.path", f"{brief(p)} {why}")
+            if root is not None and not _inside(p, root):
+                raise bad(f"{fw}.path", f"{p} is outside --root {root}")
+            if not isinstance(f.get("shown"), str):
+                raise bad(f"{fw}.shown", "is not a path")
+            role, name, parent = f.get("role"), posixpath.basename(p), posixpath.dirname(p)
+            imp = f.get("import_dir")
+            if imp is not None and _bad_path(imp):
+                raise bad(f"{fw}.import_dir", f"{brief(imp)} {_bad_path(imp)}")
+            if role == "owned":
+                ok = (name in OWNED_NAMES and (name != "commdiag-nccl.conf" or parent.endswith(".d"))) or (
+                    name.endswith(".env") and posixpath.basename(parent) == "commdiag")
+            elif role == "block":
+                ok = name in BLOCK_NAMES
+            elif role == "cache":  # bytecode of a module this record wrote, in its import directory
+                mod = f.get("module")
+                dirs = {g.get("import_dir") for g in files
+                        if isinstance(g, dict) and g.get("module") == mod and g.get("role") != "cache"}
+                ok = (isinstance(mod, str) and name.startswith(mod + ".") and name.endswith(".pyc")
+                      and any(isinstance(d, str) and parent == posixpath.join(d, "__pycache__") for d in dirs))
+            else:
+                raise bad(f"{fw}.role", f"{brief(role)} is not owned, block or cache")
+            if not ok:
+                raise bad(f"{fw}.path", f"{p} is not a file commdiag writes in the {role} role")
+            for state_key in ("before", "installed"):
+                st = f.get(state_key)
+                if not isinstance(st, dict) or st.get("kind") not in _KINDS:
+                    raise bad(f"{fw}.{state_key}", "is not a file state")
+            before = f["before"]
+            try:
+                FileState.from_json(before)
+                if "data_b64" in before:
+                    base64.b64decode(before["data_b64"], validate=True)
+            except (ValueError, TypeError, KeyError):
+                raise bad(f"{fw}.before", "is not a file state") from None
+            if before["kind"] == SYMLINK and not isinstance(before.get("link"), str):
+                raise bad(f"{fw}.before.link", "is not a link target")
+            for k in ("mode", "uid", "gid", "mtime_ns"):
+                v = before.get(k)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                    raise bad(f"{fw}.before.{k}", f"{brief(v)} is not a non-negative integer")
+            paths.append(p)
+        dirs = r.get("dirs_created", [])
+        if not isinstance(dirs, list):
+            raise bad(f"{where}.dirs_created", "is not a list")
+        for d in dirs:
+            if _bad_path(d) or not any(q.startswith(d + "/") for q in paths) or d == "/":
+                raise bad(f"{where}.dirs_created", f"{brief(d)} is not a directory above this install's files")
+    sdirs = m.get("state_dirs_created", [])
+    if not isinstance(sdirs, list):
+        raise bad("state_dirs_created", "is not a list")
+    state = posixpath.normpath(os.path.abspath(sdir))
+    for d in sdirs:
+        if _bad_path(d) or d == "/" or not _inside(state, d):
+            raise bad("state_dirs_created", f"{brief(d)} is not the state directory or above it")
+        if root is not None and not _inside(d, root):
+            raise bad("state_dirs_created", f"{d} is outside --root {root}")
 
 
 def _save_manifest(sdir: str, manifest: dict) -> None:
@@ -319,6 +463,8 @@ def apply(plan: Plan, roots: Roots) -> list[str]:
 
 def commit_records(sdir: str, plan: Plan, state_created: list[str]) -> None:
     """Store the plan's records in the manifest (under the lock); remove the state when empty."""
+    if not plan.records and not plan.drop_keys and os.path.lexists(os.path.join(sdir, MANIFEST_NAME)):
+        return  # nothing to record (a failed install): an existing manifest is left exactly as it is
     manifest = load_manifest(sdir)
     keys = {r["key"] for r in plan.records} | set(plan.drop_keys)
     manifest["installs"] = [r for r in manifest["installs"] if r["key"] not in keys] + list(plan.records)

@@ -118,23 +118,33 @@ def nccl_conf_block(settings: dict[str, str], *, meta: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def find_block(text: str, begin: str = BEGIN, end: str = END) -> tuple[int, int] | None:
-    """Character span of the first complete marked block (through END's newline), or None."""
-    start = 0
-    while True:
-        i = text.find(begin, start)
-        if i < 0:
-            return None
-        if i == 0 or text[i - 1] == "\n":
-            break
+def _line_starts(text: str, marker: str) -> list[int]:
+    """Offsets of every line that is exactly ``marker`` (its own whole line)."""
+    out, start = [], 0
+    while (i := text.find(marker, start)) >= 0:
+        k = i + len(marker)
+        if (i == 0 or text[i - 1] == "\n") and (k == len(text) or text[k] == "\n"):
+            out.append(i)
         start = i + 1
-    j = text.find("\n" + end, i)
-    if j < 0:
-        return None
-    k = j + 1 + len(end)
-    if k < len(text) and text[k] == "\n":
-        k += 1
-    return i, k
+    return out
+
+
+def find_block(text: str, begin: str = BEGIN, end: str = END) -> tuple[int, int] | None:
+    """Character span of the first complete marked block (through END's newline), or None.
+
+    A block is an END line and the nearest BEGIN line above it: a user's own stray marker
+    line further up (or a BEGIN without END) is never part of commdiag's block, so removing
+    the block never takes the user's lines between their marker and commdiag's."""
+    begins = _line_starts(text, begin)
+    for j in _line_starts(text, end):
+        before = [i for i in begins if i < j]
+        if before:
+            i = before[-1]
+            k = j + len(end)
+            if k < len(text) and text[k] == "\n":
+                k += 1
+            return i, k
+    return None
 
 
 def strip_blocks(text: str, begin: str = BEGIN, end: str = END) -> str:
@@ -142,6 +152,16 @@ def strip_blocks(text: str, begin: str = BEGIN, end: str = END) -> str:
     while (span := find_block(text, begin, end)) is not None:
         text = text[:span[0]] + text[span[1]:]
     return text
+
+
+def has_any_block(text: str) -> bool:
+    """Does ``text`` hold a commdiag block of either kind (Python hook, NCCL config)?"""
+    return find_block(text) is not None or find_block(text, NCCL_BEGIN, NCCL_END) is not None
+
+
+def strip_any_blocks(text: str) -> str:
+    """``text`` without commdiag's Python-hook and NCCL-config blocks."""
+    return strip_blocks(strip_blocks(text), NCCL_BEGIN, NCCL_END)
 
 
 def add_block(base: str, block: str, *, at_top: bool = False) -> str:
