@@ -137,7 +137,9 @@ def sitecustomize_files(hooks, roots: Roots) -> list[str]:
     Under --root they are looked up in the staged tree, so a staged Debian symlink counts."""
     if hooks.hooks_disabled:
         return []
-    if roots.root is None:
+    if roots.root is None or not roots.is_rerooted(hooks.prefix):
+        # No staging, or an interpreter that lives inside --root (a venv made there): it is a real
+        # interpreter reading the real file system, so what its probe found is what loads.
         return ([hooks.sitecustomize] if hooks.sitecustomize else []) + list(hooks.shadowed_sitecustomize)
     import importlib.machinery
 
@@ -225,10 +227,12 @@ def python_target(hooks, requested: str, settings: Settings, *, override: bool, 
             info["hook_file"] = path
         else:
             real = roots.resolve(sitecustomize)
-            shown = roots.shown(real)
+            # a path inside --root that is no link is shown as it is (not as a staged system path)
+            shown = sitecustomize if real == posixpath.normpath(sitecustomize) else roots.shown(real)
             if not os.path.isdir(posixpath.dirname(real)):
                 raise CommdiagError(f"{sitecustomize} points to {shown}, whose directory does not exist; "
                                     "use --method pth")
+            _check_compiles(real, shown)
             desired.append(Desired(real, shown, BLOCK, text, import_dir=roots.staged(posixpath.dirname(sitecustomize)),
                                    module="sitecustomize"))
             via = f" (the file the symlink {sitecustomize} points to; the link is kept)" if shown != sitecustomize else ""
@@ -237,6 +241,20 @@ def python_target(hooks, requested: str, settings: Settings, *, override: bool, 
             info["hook_file"] = sitecustomize
     info["site_dir"] = sp
     return Target(f"python:{prefix}", "python", method, tuple(desired), info, tuple(notes))
+
+
+def _check_compiles(path: str, shown: str) -> None:
+    """A block appended to a sitecustomize that does not compile would never run: refuse first."""
+    try:
+        source = Path(path).read_bytes()
+    except OSError:
+        return  # absent or unreadable: the plan reports it
+    try:
+        compile(source, shown, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as e:
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise CommdiagError(f"{shown}: does not compile{where}, so Python stops running it before a block "
+                            "commdiag appends; fix the file, or use --method pth") from None
 
 
 # --------------------------------------------------------------------------- systemd and nccl.conf

@@ -1,0 +1,75 @@
+"""install-hook with a venv inside --root (issue 12, item 8): the venv is a real interpreter, so
+its real sitecustomize is what counts, verification runs, and a file a block could never run in is
+refused before anything is written.  Venvs are throwaway, inside tmp_path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+DEBIAN_PY = "/usr/bin/python3.11"
+DEBIAN_SC = "/usr/lib/python3.11/sitecustomize.py"
+
+
+def cli(*args):
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.pop("NCCL_PROTO", None)
+    return subprocess.run([sys.executable, "-m", "commdiag.cli", "install-hook", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=180)
+
+
+def venv(python: str, dest: Path) -> Path:
+    subprocess.run([python, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=120)
+    (sp,) = dest.glob("lib/python3.*/site-packages")
+    return sp
+
+
+def tree(root: Path) -> dict:
+    return {str(p): (p.is_symlink(), hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+def test_a_sitecustomize_that_does_not_compile_is_refused_before_writing(tmp_path):
+    root = tmp_path / "root"
+    sp = venv(sys.executable, root / "venv")
+    (sp / "sitecustomize.py").write_text("x = (\n")
+    before = tree(root)
+    cp = cli("--root", root, "--python", root / "venv/bin/python", "--method", "sitecustomize",
+             "--set", "NCCL_PROTO=LL")
+    assert cp.returncode == 2 and "does not compile (line 1)" in cp.stderr and "Traceback" not in cp.stderr
+    assert tree(root) == before
+
+
+def test_a_venv_inside_root_is_verified_for_real(tmp_path):
+    root = tmp_path / "root"
+    sp = venv(sys.executable, root / "venv")
+    (sp / "sitecustomize.py").write_text("import os\n")
+    cp = cli("--root", root, "--python", root / "venv/bin/python", "--method", "sitecustomize",
+             "--set", "NCCL_PROTO=LL")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "symlink" not in cp.stdout and "not started" not in cp.stdout
+    assert "verify: OK: a fresh" in cp.stdout
+    assert cli("--uninstall", "--root", root, "--python", root / "venv/bin/python").returncode == 0
+    assert (sp / "sitecustomize.py").read_text() == "import os\n"
+
+
+@pytest.mark.skipif(not (os.path.islink(DEBIAN_SC) and os.path.exists(DEBIAN_PY)),
+                    reason="needs Debian's python3.11 with its symlinked sitecustomize.py")
+def test_debian_venv_inside_root_never_gets_a_shadowed_sitecustomize(tmp_path):
+    root = tmp_path / "root"
+    sp = venv(DEBIAN_PY, root / "venv")
+    (sp / "sitecustomize.py").write_text("import os\n")
+    cp = cli("--root", root, "--python", root / "venv/bin/python", "--method", "sitecustomize",
+             "--set", "NCCL_PROTO=LL")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "is shadowed by /usr/lib/python3.11/sitecustomize.py" in cp.stdout
+    assert (sp / "commdiag-nccl.pth").exists() and (sp / "sitecustomize.py").read_text() == "import os\n"
+    assert "verify: OK: a fresh" in cp.stdout
