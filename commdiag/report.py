@@ -4,18 +4,21 @@
 in, one HTML file out (``RUN_DIR/report.html`` unless ``--out``).  ``commdiag
 sweep`` calls ``publish`` at its end, which also writes the profiles.
 
-The report shows, per measured mode: latency vs size per config (log-log, every
-launch's median as a point so the launch noise is visible), busbw vs size, and
-the speedup vs default as a heatmap whose non-significant cells are neutral
-grey; with both modes, the eager - graph overhead per config.  Then the winners,
-the verdict matrix, failed/timed-out/incorrect launches with their error tails,
-what each rank saw and what NCCL said it applied, the fingerprint and the spec.
+The report starts with the certified answer (stage 2: one row per claim, with
+every fresh launch's value, and the winners), then the screening estimates per
+band.  Plots, per measured mode: latency vs size per config (log-log, every
+launch's value as a point so the launch noise is visible), busbw vs size, the
+screening estimates vs default as a heatmap (colour only beyond the 3% minimum
+effect, titled as estimates); stage 2's launches per claim; with both modes, the
+eager - graph overhead per config.  Then the screening matrix, failed/timed-out/
+incorrect launches with their error tails, what each rank saw and what NCCL said
+it applied, the fingerprint and the spec.
 
 plotly.js is embedded in the file (about 4.8 MB), not a sibling file: a report
 is mailed, attached to issues and copied out of run folders on its own, and a
 sibling script breaks silently the first time that happens.  The cost is size,
 not speed: the browser parses the bundle once, and the plot data stays small
-because the plots carry launch medians, never raw samples (a 50-config x 20-size
+because the plots carry launch values, never raw samples (a 50-config x 20-size
 x 2-mode run is 6,000 points).
 
 Escaping: every label, env value and error text goes through ``html.escape``,
@@ -24,10 +27,11 @@ names and hover text, and decodes entities back to plain characters); the plot
 data travels as JSON in a ``<script type="application/json">`` block with
 ``<``, ``>`` and ``&`` escaped, so no config name can close the script.
 
-Profiles (``write_profiles``; which files and why: ``stats.profile_plan``):
-``profile-<band>.env`` per band with a winner in the primary mode (graph when
-measured), ``profile.env`` = the first band's winner (decode by default) unless
-it is slower in another band.  No winner: no profile, keep NCCL defaults.
+Profiles (``write_profiles``; which files and why: ``verdict.profile_plan``):
+``profile-<band>.env`` per band with a certified winner in the primary mode,
+``profile.env`` = the first band's winner (decode by default) unless its stage-2
+ratio is more than 3% slower in another band.  No certified winner: no profile,
+keep NCCL defaults.
 """
 
 from __future__ import annotations

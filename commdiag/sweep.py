@@ -5,6 +5,12 @@ prerequisites before the first launch, writes run.json after every launch
 (atomically), and on Ctrl-C kills the launch in flight, marks it pending and
 returns a resumable run.  ``--resume`` re-reads run.json and runs only the
 launches that are still pending.
+
+Two stages (verdict.py): stage 1 is the interleaved trials; when it is done the
+sweep screens it, records the confirmation plan in run.json and appends stage 2's
+rounds as pending launches, so an interrupted confirmation resumes like any other
+launch.  ``run_confirm`` (``commdiag confirm``) runs, finishes or extends stage 2
+of an existing run.
 """
 
 from __future__ import annotations
@@ -293,12 +299,24 @@ def _plan_stage2(spec: Spec, run: dict, run_dir: Path, rounds: int | None) -> St
     claims = certify.plan_claims(scr, spec.confirm_configs)
     stage1 = sum(1 for l in run["launches"] if int(l.get("stage", 1)) == 1)
     plan = certify.confirmation_plan(claims, rounds, stage1, _utc())
+    plan["measure"] = _stage2_measure(spec, claims, scr.band_sizes)
     run["confirmation"] = plan
     run["version"] = results.RUN_FORMAT_VERSION
     k2 = plan["looks"][0]["rounds"]
     if claims:
         _add_rounds(run, plan, spec, k2)
     return _confirm_plan_text(run, plan, k2)
+
+
+def _stage2_measure(spec: Spec, claims, band_sizes: dict) -> dict:
+    """The worker plan of a stage-2 launch: only the claims' series (graph via torch, graph-direct via
+    nccl-direct, ...) at the claims' bands' sizes; a stage-2 launch then costs little more than its start."""
+    series = {c.mode for c in claims}
+    modes = sorted({m.removesuffix("-direct") for m in series}, key=list(spec.modes).index)
+    vias = sorted({"nccl-direct" if m.endswith("-direct") else "torch" for m in series}, key=list(spec.vias).index)
+    sizes = sorted({s for c in claims for s in band_sizes.get(c.band, [])} | {c.size_bytes for c in claims
+                                                                              if c.size_bytes is not None})
+    return {"modes": modes, "vias": vias, "sizes": sizes or [s.bytes for s in spec.sizes]}
 
 
 def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
@@ -401,6 +419,8 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
         "out_dir": str(folder.resolve()), "config": config["name"], "launch": first["index"],
         "nccl_debug_file": debug_env.get("NCCL_DEBUG_FILE"),
     }
+    if first.get("stage") == 2 and run.get("confirmation", {}).get("measure"):
+        plan.update(run["confirmation"]["measure"])  # stage 2 measures only what its claims test
     if reuse:
         plan["runs"] = [{
             "config": l["config"], "launch": l["index"], "out_dir": str(f.resolve()),

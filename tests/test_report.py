@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import profile, report, results, stats
+from commdiag import certify, profile, report, results, stats, verdict
 from conftest import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
@@ -115,16 +115,48 @@ def make_run(folder: Path, table: dict, modes=("graph", "eager"), configs: dict 
     return folder
 
 
+def add_stage2(folder: Path, fresh: dict[str, float], confirm: tuple[str, ...] = (), rounds: int = 6,
+               iters: int = 5) -> dict:
+    """Plan stage 2 with commdiag's own screening of ``folder`` and append its rounds: each config's
+    fresh launches at ``fresh[config]`` x a small per-round wobble (graph mode, every size)."""
+    import pandas as pd
+
+    data = results.load_run(folder)
+    scr, _ = verdict.screening_of(data)
+    plan = certify.confirmation_plan(certify.plan_claims(scr, confirm), rounds, len(data.run["launches"]), "t")
+    run = data.run
+    run["confirmation"] = plan
+    sizes = [s["bytes"] for s in run["spec"]["sizes"]]
+    tokens = {s["bytes"]: s["tokens"] for s in run["spec"]["sizes"]}
+    rows = []
+    wobble = [1.0, 1.01, 0.995, 1.005, 0.99, 1.008, 0.997, 1.003]
+    for r in range(rounds):
+        for c in plan["configs"]:
+            idx = len(run["launches"])
+            run["launches"].append({"index": idx, "config": c, "trial": 100 + r, "stage": 2, "round": r,
+                                    "status": "ok", "wrong": 0})
+            for s in sizes:
+                for i in range(iters):
+                    rows.append((c, 100 + r, idx, s, tokens.get(s), "graph", "torch", i,
+                                 round(fresh[c] * wobble[(r + len(c)) % len(wobble)] * (1 + 0.001 * i), 4), None))
+    samples = pd.concat([data.samples, pd.DataFrame(rows, columns=results.SAMPLES_COLUMNS)], ignore_index=True)
+    samples["tokens"] = samples["tokens"].astype("Int64")
+    samples.to_csv(folder / "samples.csv", index=False)
+    results.summarize(samples, {}, nranks=2).to_csv(folder / "summary.csv", index=False)
+    (folder / "run.json").write_text(json.dumps(run))
+    return plan
+
+
 # ------------------------------------------------------------------ tests
 
 def test_report_of_a_real_cpu_run_draws_every_plot(tmp_path):
     run_dir = copy_run("cpu-aa-a", tmp_path / "run")
     proc = run_cli("report", run_dir)
     assert proc.returncode == 0, proc.stderr
-    assert "verdicts vs default" in proc.stdout and "report:" in proc.stdout
+    assert "screening (stage 1: estimates, not verdicts" in proc.stdout and "report:" in proc.stdout
     dom, console, _ = render(run_dir / "report.html", tmp_path)
-    assert_drawn(dom, console, expected=3)  # gloo: eager only -> latency, busbw, speedup heatmap
-    assert "no significant difference" in dom or "inconclusive" in dom
+    assert_drawn(dom, console, expected=3)  # gloo: eager only -> latency, busbw, screening heatmap
+    assert "screening only" in dom and "Certified answer" in dom
     # every time in the HTML itself with its spread and launch count, not only on hover
     summary = results.load_run(run_dir).summary
     rows = re.findall(r"<tr><td>[^<]*</td><td>(default|aa)</td><td>([\d.]+)</td><td>([\d.]+-[\d.]+)</td>"
@@ -141,19 +173,21 @@ def test_report_with_both_modes_failures_and_a_hostile_label(tmp_path):
     run_dir = make_run(tmp_path / "run", table, configs={"default": {}, evil: {"NCCL_PROTO": HOSTILE},
                                                           "other": {"NCCL_ALGO": "Ring"}},
                        statuses={("other", 1): "failed"})
+    add_stage2(run_dir, {"default": 10.0, evil: 9.0})
     path, verdicts = report.write_report(run_dir)
     text = path.read_text()
     # The raw file: the hostile string never appears unescaped, in HTML or in the plot JSON.
     assert HOSTILE not in text and "<img src=x" not in text
     assert "&lt;img src=x" in text
     dom, console, _ = render(path, tmp_path)
-    assert_drawn(dom, console, expected=7)  # 3 per mode x 2 modes + graph-vs-eager
+    assert_drawn(dom, console, expected=8)  # stage 2 + 3 per mode x 2 modes + graph-vs-eager
     assert not re.search(r"<body[^>]*data-pwned", dom) and 'data-pwned="' not in dom  # no script ran
     assert "<img src=\"x\"" not in dom and "<img src=x" not in dom
     assert "&lt;img src=x onerror=" in dom  # shown as text
     assert "Failed, timed-out and incorrect launches (1)" in dom and "RuntimeError: boom" in dom
-    # The failed config is excluded; the hostile one is a real 10% winner and is shown as such.
+    # The failed config is excluded; the hostile one is a certified 10% winner and is shown as such.
     assert "other" in verdicts.excluded
+    assert "certified faster: 10.0% faster" in dom
     assert verdicts.band_winner("decode", "graph").config == evil
 
 
@@ -177,38 +211,23 @@ def test_large_report_stays_lean_and_opens_quickly(tmp_path):
     assert elapsed < 60, f"chromium took {elapsed:.1f}s to open and draw the report"
 
 
-def test_sweep_end_to_end_prints_verdicts_writes_report_and_no_profile_for_aa(tmp_path):
-    out = tmp_path / "aa"
-    proc = run_cli("sweep", Path(__file__).parent.parent / "sweeps" / "cpu-aa.yaml", "--out", out,
-                   "--set", "trials=2", "--set", "iters=10", "--set", "warmup=2",
-                   "--set", "sizes={hidden: 1024, tokens: [1, 256]}", "--json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(proc.stdout)
-    verdicts = data["verdicts"]
-    assert verdicts["cells"], "an A/A sweep has comparisons"
-    assert not [c for c in verdicts["cells"] if c["verdict"] in ("faster", "slower")]
-    assert all(w["config"] is None for w in verdicts["band_winners"] + verdicts["size_winners"])
-    assert data["profiles"] == [] and not list(out.glob("profile*.env"))
-    assert Path(data["report"]).is_file()
-
-
-def test_publish_writes_a_loadable_profile_for_a_clear_winner_and_removes_it_when_gone(tmp_path):
+def test_publish_writes_a_loadable_profile_for_a_certified_winner_and_removes_it_when_gone(tmp_path):
     sizes = [4096, 65536, 1048576]
     table = {"default": {s: [10.0, 10.3, 9.9] for s in sizes}, "fast": {s: [8.0, 8.2, 7.9] for s in sizes}}
     run_dir = make_run(tmp_path / "run", table, configs={"default": {}, "fast": {"NCCL_PROTO": "LL"}})
+    assert report.publish(run_dir).profiles == ()  # screening alone never writes a profile
+    add_stage2(run_dir, {"default": 10.0, "fast": 8.0})
     pub = report.publish(run_dir)
     assert set(pub.profiles) == {"profile.env", "profile-decode.env", "profile-prefill.env"}
     prof = profile.load(run_dir / "profile.env")
     assert prof.settings == {"NCCL_NVLS_ENABLE": "0", "NCCL_PROTO": "LL"}
-    assert "config fast" in prof.meta["source"]
-    # The same folder with the winner gone (e.g. resumed with more launches): stale profiles go.
+    assert prof.meta["config"] == "fast" and "p = 0.0011" in prof.meta["certified"]
+    # The same folder whose confirmation no longer certifies it (e.g. extended): stale profiles go.
     run = json.loads((run_dir / "run.json").read_text())
     data = results.load_run(run_dir)
-    same = stats.evaluate(stats.launch_medians(data.samples.assign(
-        time_us=data.samples["time_us"].where(data.samples["config"] != "fast", 10.0))),
-        configs=["default", "fast"], modes=["graph", "eager"], tokens_by_size={s: s // 4096 for s in sizes},
-        bands=run["spec"]["bands"])
-    assert report.write_profiles(run_dir, same, run) == ()
+    same = data.samples.assign(time_us=data.samples["time_us"].where(data.samples["config"] != "fast", 10.0))
+    gone = verdict.evaluate(stats.launch_values(same, None, stats.launch_stages(run)), run, {})
+    assert report.write_profiles(run_dir, gone, run) == ()
     assert not list(run_dir.glob("profile*.env"))
 
 
@@ -224,20 +243,26 @@ def test_report_of_a_damaged_run_json_is_one_usage_error(tmp_path, text, expecte
         assert proc.stderr.startswith(f"commdiag: error: {tmp_path / 'run.json'}: ") and expected in proc.stderr
 
 
-def test_verdict_table_text_names_every_comparison():
-    v = stats.evaluate_run(results.load_run(FIXTURES / "cpu-aa-b"))
+def test_verdict_text_shows_screening_per_band_and_the_stage_2_status():
+    v = verdict.evaluate_run(results.load_run(FIXTURES / "cpu-aa-b"))
     text = report.render_verdicts(v)
-    assert len([l for l in text.splitlines() if l.strip().startswith("eager")]) == len(v.cells) == 4
-    assert "keep NCCL defaults" in text
+    assert len([l for l in text.splitlines() if l.strip().startswith(("decode", "prefill"))]) == 2
+    assert "confirmation (stage 2): screening only" in text and "keep NCCL defaults" in text
+    assert max(len(l) for l in text.splitlines() if not l.startswith(("warning", "confirmation"))) <= 120
+
+
+def test_long_config_names_are_never_cut_into_the_same_text():
+    a, b = "PROTO=LL,ALGO=Ring,MAX_NCHANNELS=8,BUFFSIZE=4194304", "PROTO=LL,ALGO=Ring,MAX_NCHANNELS=8,BUFFSIZE=16777216"
+    assert report._fit(a, 28) != report._fit(b, 28) and len(report._fit(a, 28)) == 28
 
 
 def test_report_of_a_real_run_with_crashed_and_incorrect_launches(tmp_path):
     # Recorded with tests/fixtures/runs/cpu-faults/spec.yaml: COMMDIAG_TEST_FAULT crash / wrong.
     run_dir = copy_run("cpu-faults", tmp_path / "run")
     data = results.load_run(run_dir)
-    v = stats.evaluate_run(data)
+    v = verdict.evaluate_run(data)
     assert set(v.excluded) == {"crash", "wrongsum"}
-    assert {c.config for c in v.cells} == {"aa"}  # crashed and incorrect launches are not timed
+    assert {c.config for c in v.screening.cells} == {"aa"}  # crashed and incorrect launches are not timed
     path, _ = report.write_report(run_dir, tmp_path / "elsewhere.html")
     dom, console, _ = render(path, tmp_path)
     assert_drawn(dom, console, expected=3)

@@ -30,11 +30,11 @@ def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
     out = tmp_path / "run"
     spec = write_spec(tmp_path / "s.yaml", trials=2, base_env={"NCCL_NVLS_ENABLE": "0"},
                       configs={"ll": {"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": 16777216}})
-    proc = run_cli("sweep", spec, "--out", out)
+    proc = run_cli("sweep", spec, "--out", out, "--no-confirm")
     assert proc.returncode == 0, proc.stderr
     assert "busbw" in proc.stdout and "ETA" in proc.stderr
     run = read_run(out)
-    assert run["format"] == "commdiag-run" and run["version"] == 2 and run["state"] == "complete"
+    assert run["format"] == "commdiag-run" and run["version"] == 3 and run["state"] == "complete"
     assert [l["status"] for l in run["launches"]] == ["ok"] * 4
     # interleaved: each round runs both configs once
     assert sorted(l["config"] for l in run["launches"][:2]) == ["default", "ll"]
@@ -69,7 +69,7 @@ def test_hang_crash_and_wrong_launches_are_recorded_and_killed(tmp_path):
         "crash": {"COMMDIAG_TEST_FAULT": "crash"},
         "wrong": {"COMMDIAG_TEST_FAULT": "wrong"},
     })
-    proc = run_cli("sweep", spec, "--out", out)
+    proc = run_cli("sweep", spec, "--out", out, "--no-confirm")
     assert proc.returncode == 3, proc.stderr  # some launches failed
     run = read_run(out)
     status = {l["config"]: l for l in run["launches"]}
@@ -88,7 +88,7 @@ def test_hang_crash_and_wrong_launches_are_recorded_and_killed(tmp_path):
 def test_teardown_hang_is_a_timeout_with_complete_results(tmp_path):
     out = tmp_path / "run"
     spec = write_spec(tmp_path / "s.yaml", timeout_s=20, configs={"td": {"COMMDIAG_TEST_FAULT": "hang-teardown"}})
-    proc = run_cli("sweep", spec, "--out", out, "--set", "trials=1")
+    proc = run_cli("sweep", spec, "--out", out, "--set", "trials=1", "--no-confirm")
     assert proc.returncode == 3
     run = read_run(out)
     td = next(l for l in run["launches"] if l["config"] == "td")
@@ -100,7 +100,7 @@ def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path):
     out = tmp_path / "run"
     spec = write_spec(tmp_path / "s.yaml", trials=2, configs={"b": {"NCCL_PROTO": "Simple"}})
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out), "--no-confirm"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait for the first finished launch
@@ -137,7 +137,7 @@ def test_two_torchrun_agents_rendezvous_on_localhost(tmp_path):
                       timeout_s=90, configs={"b": {"NCCL_PROTO": "LL"}})
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     agents = [subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out",
-                                str(tmp_path / f"node{i}")], env=env, stdout=subprocess.PIPE,
+                                str(tmp_path / f"node{i}"), "--no-confirm"], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True) for i in range(2)]
     outputs = [a.communicate(timeout=300) for a in agents]
     for a, (_, err) in zip(agents, outputs):
@@ -219,7 +219,7 @@ def test_reuse_process_runs_per_communicator_settings_in_one_process(tmp_path, m
     spec = write_spec(tmp_path / "s.yaml", trials=2, reuse_process=True, configs={
         "ll": {"NCCL_PROTO": "LL"}, "simple": {"NCCL_PROTO": "Simple"}, "tree": {"NCCL_ALGO": "Tree"},
         "buf16": {"NCCL_BUFFSIZE": 16777216}})
-    proc = run_cli("sweep", spec, "--out", out)
+    proc = run_cli("sweep", spec, "--out", out, "--no-confirm")
     assert proc.returncode == 0, proc.stderr
     run = read_run(out)
     launches = run["launches"]
@@ -254,7 +254,7 @@ def test_reuse_process_keeps_finished_runs_when_a_later_one_crashes(tmp_path):
     out = tmp_path / "run"
     spec = write_spec(tmp_path / "s.yaml", trials=1, reuse_process=True, seed=3,
                       configs={"ll": {"NCCL_PROTO": "LL"}, "crash": {"COMMDIAG_TEST_FAULT": "crash"}})
-    proc = run_cli("sweep", spec, "--out", out)
+    proc = run_cli("sweep", spec, "--out", out, "--no-confirm")
     assert proc.returncode == 3, proc.stderr
     status = {l["config"]: l for l in read_run(out)["launches"]}
     assert status["default"]["process"] == status["ll"]["process"] != status["crash"]["process"]
