@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from . import PACKAGE_PARENT, hookplan, hookstate
 from . import profile as profile_mod
 from .errors import CommdiagError
 from .hookstate import Roots
+from .pyprobe import run_bounded
 
 VERIFY_TIMEOUT_S = 60.0  # a cold interpreter plus one spawn child: ~1 s; generous for a loaded machine
 
@@ -81,16 +81,26 @@ def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=())
     with tempfile.TemporaryDirectory(prefix="commdiag-verify-") as tmp:
         path = os.path.join(tmp, "commdiag_verify.py")
         Path(path).write_text(script)
-        try:
-            cp = subprocess.run([python, *flags, path, *args], capture_output=True, text=True, env=env,
-                                timeout=VERIFY_TIMEOUT_S, stdin=subprocess.DEVNULL, cwd=tmp)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return {"error": f"{python} did not run: {e}"}
-    for line in reversed(cp.stdout.splitlines()):
+        try:  # bounded: time, output kept, and no process of it left behind
+            rc, out, err, timed_out = run_bounded([python, *flags, path, *args], env=env, cwd=tmp,
+                                                  timeout=VERIFY_TIMEOUT_S)
+        except OSError as e:
+            return {"error": f"{python} did not run: {e.strerror or e}"}
+    if timed_out:
+        return {"error": f"{python} did not finish within {VERIFY_TIMEOUT_S:.0f}s"}
+    stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    for line in reversed(stdout.splitlines()):
         if line.startswith("COMMDIAG-VERIFY "):
-            return json.loads(line[len("COMMDIAG-VERIFY "):])
-    tail = " | ".join((cp.stderr or cp.stdout).strip().splitlines()[-3:])
-    return {"error": f"{python} exited {cp.returncode} without a result: {tail or 'no output'}"}
+            try:
+                reply = json.loads(line[len("COMMDIAG-VERIFY "):])
+            except ValueError:
+                break
+            if isinstance(reply, dict):
+                return reply
+            break
+    tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
+    tail = tail if len(tail) <= 300 else tail[:300] + " [...]"
+    return {"error": f"{python} exited {rc} without a result: {tail or 'no output'}"}
 
 
 def _fresh_env(names) -> dict:

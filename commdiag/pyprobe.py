@@ -29,13 +29,14 @@ only such a finder provides is not seen by the replay; the cross-check sees it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .errors import CommdiagError
+from .errors import CommdiagError, brief
 
 PROBE_TIMEOUT_S = 30.0  # a cold interpreter on a loaded machine starts in well under a second
 _MARK = "COMMDIAG-PYPROBE "
@@ -199,20 +200,139 @@ class PythonHooks:
 
 
 def _run(argv: list[str], env: dict | None, stdin: str | None = None) -> dict:
+    """Start the target, read its reply; a hostile or broken interpreter costs at most
+    PROBE_TIMEOUT_S and OUTPUT_CAP bytes of memory per stream, leaves no process behind (its
+    whole process group is killed when it is done or out of time), and ends in one CommdiagError."""
     try:
-        cp = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env,
-                            timeout=PROBE_TIMEOUT_S, stdin=None if stdin is not None else subprocess.DEVNULL)
+        rc, out, err, timed_out = run_bounded(argv, env=env, stdin=stdin)
     except FileNotFoundError:
+        if os.path.lexists(argv[0]):  # the file is there: its #! interpreter (or loader) is not
+            raise CommdiagError(f"{argv[0]}: cannot start: the interpreter named on its #! line "
+                                "(or its dynamic loader) does not exist") from None
         raise CommdiagError(f"{argv[0]}: no such interpreter") from None
     except PermissionError:
         raise CommdiagError(f"{argv[0]}: not executable") from None
-    except subprocess.TimeoutExpired:
-        raise CommdiagError(f"{argv[0]}: did not answer within {PROBE_TIMEOUT_S:.0f}s") from None
-    for line in reversed(cp.stdout.splitlines()):
+    except OSError as e:
+        raise CommdiagError(f"{argv[0]}: cannot start: {e.strerror}"
+                            + (" (no #! line, not a program)" if e.errno == errno.ENOEXEC else "")) from None
+    if timed_out:
+        raise CommdiagError(f"{argv[0]}: did not answer within {PROBE_TIMEOUT_S:.0f}s")
+    text = out.decode("utf-8", "replace")
+    for line in reversed(text.splitlines()):
         if line.startswith(_MARK):
-            return json.loads(line[len(_MARK):])
-    tail = (cp.stderr or cp.stdout).strip().splitlines()[-3:]
-    raise CommdiagError(f"{argv[0]}: probe failed (exit {cp.returncode}): {' | '.join(tail) or 'no output'}")
+            try:
+                reply = json.loads(line[len(_MARK):])
+            except ValueError:
+                break
+            if not isinstance(reply, dict):
+                break
+            return reply
+    tail = (err or out).decode("utf-8", "replace").strip().splitlines()[-3:]
+    shown = _clip(" | ".join(tail)) or "no output"
+    raise CommdiagError(f"{argv[0]}: probe failed (exit {rc}): {shown}")
+
+
+def run_bounded(argv: list[str], *, env: dict | None, stdin: str | None = None, cwd: str | None = None,
+                timeout: float | None = None) -> tuple[int | None, bytes, bytes, bool]:
+    """Run an untrusted interpreter: (exit code, stdout tail, stderr tail, timed out).
+
+    In its own session; at most ``timeout`` seconds (default PROBE_TIMEOUT_S) and OUTPUT_CAP
+    bytes kept per stream; afterwards its whole process group is killed, so no child it started
+    outlives the call.  OSError from starting it is raised as it is."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
+                            start_new_session=True)
+    try:
+        out, err, timed_out = _collect(proc, stdin, PROBE_TIMEOUT_S if timeout is None else timeout)
+    finally:
+        _end_group(proc)
+    return (None if timed_out else proc.returncode), out, err, timed_out
+
+
+OUTPUT_CAP = 4 << 20  # bytes kept per stream (the tail: the reply is the last line); a real reply is < 100 KB
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def _collect(proc: subprocess.Popen, stdin: str | None, timeout: float) -> tuple[bytes, bytes, bool]:
+    """Read stdout and stderr until EOF or the deadline, keeping the last OUTPUT_CAP bytes of each."""
+    import selectors
+    import time
+
+    if stdin is not None:
+        try:
+            proc.stdin.write(stdin.encode())
+            proc.stdin.close()
+        except OSError:
+            pass
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for f in bufs:
+            sel.register(f, selectors.EVENT_READ)
+        exited = False
+        while sel.get_map():
+            if not exited and proc.poll() is not None:
+                # the target is done; a child it left behind may hold the pipes open: drain briefly
+                exited, deadline = True, min(deadline, time.monotonic() + 0.5)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if exited:
+                    break
+                return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), True
+            for key, _ in sel.select(min(left, 1.0)):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf = bufs[key.fileobj]
+                buf += chunk
+                if len(buf) > OUTPUT_CAP:
+                    del buf[:len(buf) - OUTPUT_CAP]
+    try:
+        proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), True
+    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), False
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """Kill the probe's process group (it and any child it left behind) and reap it."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    for f in (proc.stdout, proc.stderr, proc.stdin):
+        if f is not None:
+            f.close()
+
+
+# What the probe script replies, by key: checked before use (the reply comes from the target).
+_REPLY = {"executable": (str, type(None)), "version": (str,), "prefix": (str,), "base_prefix": (str,),
+          "sys_path": (list,), "site_packages": (list,), "user_site": (str, type(None)),
+          "user_site_enabled": (bool, type(None)), "sitecustomize": (str, type(None)),
+          "usercustomize": (str, type(None)), "all_sitecustomize": (list,), "all_usercustomize": (list,),
+          "pth_exec": (list,), "pth_files": (list,)}
+
+
+def _check_reply(raw: dict, exe: str) -> None:
+    for key, types in _REPLY.items():
+        v = raw.get(key)
+        ok = isinstance(v, types) and (not isinstance(v, list) or all(
+            isinstance(x, str) if key != "pth_exec" else (isinstance(x, list) and len(x) == 3) for x in v))
+        if not ok:
+            raise CommdiagError(f"{exe}: probe reply is not what commdiag's probe script sends ({key}: "
+                                f"{brief(v)}); is this a Python 3.8+ interpreter?")
+    if not isinstance(raw.get("flags", {}), dict):
+        raise CommdiagError(f"{exe}: probe reply is not what commdiag's probe script sends (flags)")
 
 
 def _disabled_by(flags: list[str], raw: dict) -> list[str]:
@@ -254,7 +374,8 @@ def probe(python: str | None = None, *, root: str | None = None, flags: list[str
     probe_flags = [f for f in flags if f != "-S"]
     raw = _run([exe, *probe_flags, "-S", "-c", _PROBE], env)
     if raw.get("error"):
-        raise CommdiagError(f"{exe}: probe failed inside the interpreter: {raw['error']}")
+        raise CommdiagError(f"{exe}: probe failed inside the interpreter: {_clip(str(raw['error']))}")
+    _check_reply(raw, exe)
     disabled = _disabled_by(flags, raw)
     site_off = "-S" in disabled or "no site module" in disabled
 
@@ -269,7 +390,8 @@ def probe(python: str | None = None, *, root: str | None = None, flags: list[str
     if cross_check:
         try:
             real = _run([exe, *flags, "-c", _CROSS], env)
-            loaded_s, loaded_u = real.get("sitecustomize"), real.get("usercustomize")
+            loaded_s, loaded_u = (v if isinstance(v, str) else None
+                                  for v in (real.get("sitecustomize"), real.get("usercustomize")))
             diffs = []
             if not _same(loaded_s, sitecustomize):
                 diffs.append(f"sitecustomize: probe says {sitecustomize}, a normal start imported {loaded_s}"
