@@ -21,6 +21,8 @@ import pytest
 
 from commdiag import hooktext
 
+from pythons import plain_python
+
 DEBIAN_PY = "/usr/bin/python3.11"
 DEBIAN_SC = "/usr/lib/python3.11/sitecustomize.py"
 SETTINGS = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
@@ -185,7 +187,7 @@ def test_debian_system_sitecustomize_gets_a_block_at_the_link_target(root):
 # --------------------------------------------------------------------------- the project's python
 
 def test_project_python_venv_sitecustomize_method_and_user_value_wins(root, tmp_path_factory):
-    venv = make_venv(sys.executable, root / "venv", tmp_path_factory)
+    venv = make_venv(plain_python(), root / "venv", tmp_path_factory)
     py = venv / "bin/python"
     before = tree(root)
     cp = cli("--python", str(py), "--root", str(root), "--method", "sitecustomize", *SETS, check=0)
@@ -267,7 +269,7 @@ def test_a_broken_hook_never_stops_python(breakage, root, tmp_path_factory):
 
 
 def test_sitecustomize_block_that_raises_never_stops_python(root, tmp_path_factory):
-    venv = make_venv(sys.executable, root / "venv", tmp_path_factory)
+    venv = make_venv(plain_python(), root / "venv", tmp_path_factory)
     py = venv / "bin/python"
     cli("--python", str(py), "--root", str(root), "--method", "sitecustomize", *SETS, "--no-verify", check=0)
     sc = site_packages(venv) / "sitecustomize.py"
@@ -282,7 +284,7 @@ def test_sitecustomize_block_that_raises_never_stops_python(root, tmp_path_facto
 # --------------------------------------------------------------------------- exact undo, dry run, safety
 
 def test_uninstall_restores_bytes_modes_symlinks_and_bytecode(root, tmp_path_factory):
-    venv = make_venv(sys.executable, root / "venv", tmp_path_factory)
+    venv = make_venv(plain_python(), root / "venv", tmp_path_factory)
     py = venv / "bin/python"
     sp = site_packages(venv)
     sc = sp / "sitecustomize.py"

@@ -12,6 +12,8 @@ import pytest
 from commdiag.errors import CommdiagError
 from commdiag.pyprobe import probe
 
+from pythons import plain_python
+
 DEBIAN_PY = "/usr/bin/python3.11"
 DEBIAN_SITECUSTOMIZE = "/usr/lib/python3.11/sitecustomize.py"
 PY38 = "/root/.pyenv/versions/3.8.18/bin/python3.8"
@@ -40,7 +42,7 @@ def debian_venv(tmp_path_factory):
 @pytest.fixture(scope="module")
 def own_venv(tmp_path_factory):
     d = tmp_path_factory.mktemp("ownvenv")
-    return make_venv(sys.executable, d / "v", d / "marker"), d / "marker"
+    return make_venv(plain_python(), d / "v", d / "marker"), d / "marker"
 
 
 @needs_debian

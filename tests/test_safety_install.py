@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from pythons import plain_python
 
 DEBIAN_PY = "/usr/bin/python3.11"
 DEBIAN_SC = "/usr/lib/python3.11/sitecustomize.py"
@@ -39,7 +40,7 @@ def tree(root: Path) -> dict:
 
 def test_a_sitecustomize_that_does_not_compile_is_refused_before_writing(tmp_path):
     root = tmp_path / "root"
-    sp = venv(sys.executable, root / "venv")
+    sp = venv(plain_python(), root / "venv")
     (sp / "sitecustomize.py").write_text("x = (\n")
     before = tree(root)
     cp = cli("--root", root, "--python", root / "venv/bin/python", "--method", "sitecustomize",
@@ -50,7 +51,7 @@ def test_a_sitecustomize_that_does_not_compile_is_refused_before_writing(tmp_pat
 
 def test_a_venv_inside_root_is_verified_for_real(tmp_path):
     root = tmp_path / "root"
-    sp = venv(sys.executable, root / "venv")
+    sp = venv(plain_python(), root / "venv")
     (sp / "sitecustomize.py").write_text("import os\n")
     cp = cli("--root", root, "--python", root / "venv/bin/python", "--method", "sitecustomize",
              "--set", "NCCL_PROTO=LL")
