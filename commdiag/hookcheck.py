@@ -160,13 +160,15 @@ class InstallStatus:
 class StatusResult:
     state_dirs: tuple[str, ...]
     installs: tuple[InstallStatus, ...]
+    missing_for: str | None = None  # --python X was given and nothing is installed for X
 
     @property
     def ok(self) -> bool:
-        return bool(self.installs) and all(i.ok for i in self.installs)
+        return bool(self.installs) and all(i.ok for i in self.installs) and self.missing_for is None
 
     def to_json(self) -> dict:
         return {"format": "commdiag-hook-status", "version": 1, "ok": self.ok, "state_dirs": list(self.state_dirs),
+                "missing_for": self.missing_for,
                 "installs": [{"key": i.record["key"], "kind": i.record["kind"], "method": i.record["method"],
                               "target": i.record.get("target"), "settings": i.record.get("settings"),
                               "source": i.record.get("source"), "installed": i.record.get("installed"),
@@ -283,15 +285,23 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
                     loads = not why
                     check = fresh.get("check_env")
         elif r["kind"] == "python":
+            if python is not None:
+                continue  # --python X asks about X: another interpreter's hook is not its answer
             why = [f"for {r.get('target')}, not {hooks.executable} (use --python {r.get('target')})"]
         out.append(InstallStatus(r, files, match, detail, loads, tuple(why), check))
-    return StatusResult(tuple(dirs), tuple(out))
+    missing = None
+    if python is not None and not any(i.record["kind"] == "python" for i in out):
+        missing = hooks.executable
+    return StatusResult(tuple(dirs), tuple(out), missing)
 
 
 def render_status(res: StatusResult) -> str:
-    if not res.installs:
-        return "no commdiag install recorded (manifests looked for in " + ", ".join(res.state_dirs) + ")"
     lines = []
+    if res.missing_for is not None:
+        lines.append(f"python {res.missing_for}: nothing installed for this interpreter")
+    if not res.installs:
+        return "\n".join(lines + ["no commdiag install recorded (manifests looked for in "
+                                   + ", ".join(res.state_dirs) + ")"])
     for i in res.installs:
         r = i.record
         lines.append(f"{r['kind']} {r.get('target')} [{r['method']}]: "

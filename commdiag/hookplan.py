@@ -188,7 +188,9 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
         for d in t.desired:
             cur = snapshot.get(d.path, FileState(ABSENT))
             if cur.kind not in (ABSENT, FILE, SYMLINK) or (cur.kind == SYMLINK and d.role == BLOCK):
-                raise CommdiagError(f"{d.shown}: is a {cur.kind}, not a file; commdiag will not write there")
+                what = {SYMLINK: "a symbolic link", DIR: "a directory", OTHER: "a device, FIFO or socket"}.get(
+                    cur.kind, cur.kind)
+                raise CommdiagError(f"{d.shown}: is {what}, not a regular file; commdiag will not write there")
             prev = old.get(d.path)
             if prev is not None and _unchanged_since(cur, prev):
                 original = FileState.from_json(prev["before"])
@@ -218,8 +220,15 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
             why = {OWNED: "commdiag's file", BLOCK: "commdiag block"}[d.role]
             if not cur.same(after):
                 changes.append(Change(d.path, d.shown, cur, after, why))
-            files.append({"path": d.path, "shown": d.shown, "role": d.role, "import_dir": d.import_dir,
-                          "module": d.module, "before": original.to_json(), "installed": _installed(after)})
+            entry = {"path": d.path, "shown": d.shown, "role": d.role, "import_dir": d.import_dir,
+                     "module": d.module, "before": original.to_json(), "installed": _installed(after)}
+            if d.import_dir:
+                # no __pycache__ before commdiag's first install: Python made it for commdiag's module,
+                # so uninstall removes it again when it is empty
+                cache = snapshot.get(posixpath.join(d.import_dir, "__pycache__"))
+                entry["pycache_absent"] = (prev.get("pycache_absent", False) if prev is not None
+                                           else cache is not None and cache.kind == ABSENT)
+            files.append(entry)
             if d.import_dir and d.module:
                 # Stale bytecode: the import system trusts a .pyc whose recorded source mtime and
                 # size match; an edit within the same second of equal size would be missed.
@@ -310,6 +319,11 @@ def plan_uninstall(records: list[dict], snapshot: dict[str, FileState], *, force
                 for pyc in bytecode_paths(snapshot, f["import_dir"], f["module"]):
                     if pyc not in recorded:  # written by a run since install: stale after the restore
                         changes.append(Change(pyc, pyc, snapshot[pyc], FileState(ABSENT), "stale bytecode"))
+        for f in r["files"]:
+            if f.get("pycache_absent") and f.get("import_dir") and f["role"] != CACHE:
+                cache = posixpath.join(f["import_dir"], "__pycache__")
+                if cache not in rmdirs:
+                    rmdirs.append(cache)  # removed only if empty (apply ignores ENOTEMPTY)
         for d in reversed(r.get("dirs_created", [])):
             if d not in rmdirs:
                 rmdirs.append(d)

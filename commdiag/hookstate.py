@@ -125,6 +125,7 @@ def snapshot(paths, bytecode_dirs=()) -> dict[str, FileState]:
             d = posixpath.dirname(d)
     for d in bytecode_dirs:
         cache = posixpath.join(d, "__pycache__")
+        out[cache] = read_state(cache)  # whether Python had made it yet (uninstall removes one it made later)
         with contextlib.suppress(OSError):
             for name in os.listdir(cache):
                 if name.endswith(".pyc"):
@@ -241,8 +242,9 @@ def check_manifest(m: dict, path: str, sdir: str, roots: Roots | None = None) ->
                 raise bad(f"{fw}.shown", "is not a path")
             role, name, parent = f.get("role"), posixpath.basename(p), posixpath.dirname(p)
             imp = f.get("import_dir")
-            if imp is not None and _bad_path(imp):
-                raise bad(f"{fw}.import_dir", f"{brief(imp)} {_bad_path(imp)}")
+            if imp is not None and (_bad_path(imp) or (root is not None and not _inside(imp, root))
+                                    or (imp != parent and name != "sitecustomize.py" and role != "cache")):
+                raise bad(f"{fw}.import_dir", f"{brief(imp)} is not the directory the file is imported from")
             if role == "owned":
                 ok = (name in OWNED_NAMES and (name != "commdiag-nccl.conf" or parent.endswith(".d"))) or (
                     name.endswith(".env") and posixpath.basename(parent) == "commdiag")
@@ -312,6 +314,9 @@ def locked(sdir: str):
         except PermissionError:
             raise CommdiagError(f"{sdir}: permission denied; commdiag keeps its install manifest there, which "
                                 "needs root (run with sudo), or stage with --root DIR") from None
+        except OSError as e:  # a read-only file system, no space, ...: not a matter of root
+            raise CommdiagError(f"{e.filename or sdir}: {e.strerror}; commdiag keeps its install manifest in "
+                                f"{sdir} and cannot write there") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))
@@ -412,6 +417,20 @@ def preflight(plan: Plan, roots: Roots) -> None:
         if exists and st.st_mode & stat.S_IWOTH and c.after.kind != ABSENT:
             raise CommdiagError(f"{roots.shown(d)}: directory is world-writable; commdiag will not put a file "
                                 "there that every Python start executes (fix its permissions first)")
+        if c.after.kind != ABSENT:
+            # a world-writable ancestor without the sticky bit lets anyone rename the whole subtree away
+            # and put their own in its place (site-packages under a 0777 /opt/venvs, say)
+            a = posixpath.dirname(d)
+            while a and a != posixpath.dirname(a):
+                try:
+                    ast = os.stat(a)
+                except OSError:
+                    break
+                if ast.st_mode & stat.S_IWOTH and not ast.st_mode & stat.S_ISVTX:
+                    raise CommdiagError(f"{roots.shown(a)}: directory is world-writable (above {roots.shown(d)}); "
+                                        "anyone could swap the files commdiag installs below it (fix its "
+                                        "permissions first, e.g. chmod o-w or +t)")
+                a = posixpath.dirname(a)
         if not os.access(d, os.W_OK):
             raise permission_error(roots.shown(c.path), roots)
 
@@ -430,10 +449,13 @@ def apply(plan: Plan, roots: Roots) -> list[str]:
     preflight(plan, roots)
     done: list[tuple[str, FileState]] = []
     created: list[str] = []
+    current = "?"  # the path being changed, for an OSError that names none (ENOSPC on write)
     try:
         for d in plan.mkdirs:
+            current = d
             created += _makedirs(d)
         for c in plan.changes:
+            current = c.path
             now = read_state(c.path)
             if now.same(c.after) and (c.after.kind != FILE or now.uid == c.after.uid or c.after.uid is None):
                 continue
@@ -454,9 +476,11 @@ def apply(plan: Plan, roots: Roots) -> list[str]:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         if isinstance(e, PermissionError):
-            raise permission_error(roots.shown(e.filename or "?"), roots) from None
+            raise permission_error(roots.shown(e.filename or current), roots) from None
         if isinstance(e, OSError):
-            raise CommdiagError(f"{roots.shown(e.filename or '?')}: {e.strerror}; nothing was changed") from None
+            hint = " (read-only file system)" if e.errno == errno.EROFS else ""
+            raise CommdiagError(f"{roots.shown(e.filename or current)}: {e.strerror}{hint}; "
+                                "nothing was changed") from None
         raise
     return created
 

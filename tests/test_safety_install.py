@@ -74,3 +74,48 @@ def test_debian_venv_inside_root_never_gets_a_shadowed_sitecustomize(tmp_path):
     assert "is shadowed by /usr/lib/python3.11/sitecustomize.py" in cp.stdout
     assert (sp / "commdiag-nccl.pth").exists() and (sp / "sitecustomize.py").read_text() == "import os\n"
     assert "verify: OK: a fresh" in cp.stdout
+
+
+def test_uninstall_leaves_no_pycache_that_python_made_for_the_hook(tmp_path):
+    root = tmp_path / "root"
+    sp = venv(plain_python(), root / "venv")
+    py = root / "venv/bin/python"
+    before = tree(root)
+    assert cli("--root", root, "--python", py, "--set", "NCCL_PROTO=LL").returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([str(py), "-c", "pass"], check=True, env=env, timeout=60)  # compiles the hook module
+    assert list((sp / "__pycache__").glob("commdiag_nccl_hook.*.pyc"))
+    cp = cli("--uninstall", "--root", root, "--python", py)
+    assert cp.returncode == 0, cp.stderr
+    assert tree(root) == before and not (sp / "__pycache__").exists()
+
+
+def test_status_for_an_interpreter_without_an_install_says_so(tmp_path):
+    root = tmp_path / "root"
+    venv(plain_python(), root / "a")
+    venv(plain_python(), root / "b")
+    assert cli("--root", root, "--python", root / "a/bin/python", "--set", "NCCL_PROTO=LL").returncode == 0
+    cp = cli("--status", "--root", root, "--python", root / "b/bin/python")
+    assert cp.returncode == 1
+    assert cp.stdout.startswith(f"python {root / 'b/bin/python'}: nothing installed for this interpreter")
+    assert str(root / "a/bin/python") not in cp.stdout
+
+
+def test_a_world_writable_ancestor_of_site_packages_is_refused(tmp_path):
+    root = tmp_path / "root"
+    opt = root / "opt"
+    opt.mkdir(parents=True)
+    venv(plain_python(), opt / "venv")
+    opt.chmod(0o777)
+    before = tree(root)
+    cp = cli("--root", root, "--python", opt / "venv/bin/python", "--set", "NCCL_PROTO=LL")
+    assert cp.returncode == 2 and "/opt: directory is world-writable (above" in cp.stderr, cp.stderr
+    assert tree(root) == before
+
+
+def test_a_fifo_where_the_hook_goes_is_named_plainly(tmp_path):
+    root = tmp_path / "root"
+    sp = venv(plain_python(), root / "venv")
+    os.mkfifo(sp / "commdiag_nccl_hook.py")  # (a FIFO .pth would hang every start of Python itself)
+    cp = cli("--root", root, "--python", root / "venv/bin/python", "--set", "NCCL_PROTO=LL")
+    assert cp.returncode == 2 and "is a device, FIFO or socket, not a regular file" in cp.stderr, cp.stderr
