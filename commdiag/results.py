@@ -42,7 +42,7 @@ from pathlib import Path
 
 from . import collectives
 from .atomic import write_json, write_text
-from .errors import CommdiagError
+from .errors import CommdiagError, brief
 
 RUN_FORMAT = "commdiag-run"
 RUN_FORMAT_VERSION = 3
@@ -74,6 +74,8 @@ def load_run_json(run_dir: str | Path) -> dict:
         raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag run folder?") from None
     except (OSError, ValueError) as e:
         raise CommdiagError(f"{path}: cannot read: {e}") from None
+    except RecursionError:
+        raise CommdiagError(f"{path}: cannot read: nested too deeply to be a run.json") from None
     if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
         found = run.get("format") if isinstance(run, dict) else type(run).__name__
         raise CommdiagError(f"{path}: format: {found!r} is not a commdiag run ({RUN_FORMAT!r})")
@@ -87,7 +89,49 @@ def load_run_json(run_dir: str | Path) -> dict:
     missing = [k for k in ("spec", "configs", "launches") if not isinstance(run.get(k), (dict, list))]
     if missing:
         raise CommdiagError(f"{path}: {', '.join(missing)}: missing; the file is truncated or was not written by commdiag")
+    _check_shape(run, path)
     return run
+
+
+def _int(v, minimum: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+def _check_shape(run: dict, path: Path) -> None:
+    """The parts every reader indexes into (configs, launches, sizes): a damaged run.json is one
+    error naming the field, not a KeyError deep inside a report."""
+    def bad(field: str, why: str) -> CommdiagError:
+        return CommdiagError(f"{path}: {field}: {why}; the file was damaged or not written by commdiag")
+
+    spec, configs, launches = run["spec"], run["configs"], run["launches"]
+    if not isinstance(spec, dict) or not isinstance(spec.get("sizes"), list):
+        raise bad("spec.sizes", "missing or not a list")
+    for i, size in enumerate(spec["sizes"]):
+        if not isinstance(size, dict) or not _int(size.get("bytes"), 1) or not (
+                size.get("tokens") is None or _int(size.get("tokens"), 1)):
+            raise bad(f"spec.sizes[{i}]", "not {bytes: integer, tokens: integer or null}")
+    if not isinstance(configs, list):
+        raise bad("configs", "not a list")
+    names = set()
+    for i, c in enumerate(configs):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("env"), dict):
+            raise bad(f"configs[{i}]", "not {name: string, env: mapping}")
+        names.add(c["name"])
+    if not isinstance(launches, list):
+        raise bad("launches", "not a list")
+    statuses = (PENDING, *FINAL_STATUSES)
+    for i, l in enumerate(launches):
+        if not isinstance(l, dict):
+            raise bad(f"launches[{i}]", "not a mapping")
+        if not _int(l.get("index")) or not _int(l.get("trial")):
+            raise bad(f"launches[{i}]", "index and trial must be integers >= 0")
+        if l.get("status") not in statuses:
+            raise bad(f"launches[{i}].status", f"{brief(l.get('status'))} is not one of {', '.join(statuses)}")
+        if l.get("config") not in names:
+            raise bad(f"launches[{i}].config", f"{brief(l.get('config'))} is not one of the run's configs")
+    ws = run.get("world_size")
+    if ws is not None and not _int(ws):
+        raise bad("world_size", f"{brief(ws)} is not an integer")
 
 
 def read_launch_result(run_dir: Path, index: int) -> dict | None:

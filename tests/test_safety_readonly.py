@@ -127,3 +127,53 @@ def test_report_and_compare_of_a_folder_without_data_write_nothing(tmp_path, cmd
     r = run_cli(cmd, run, *([run] if cmd == "compare" else []), timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no measured data" in r.stderr, r.stderr
     assert _tree(run) == before
+
+
+# --------------------------------------------------------------------------- corrupted run folders (item 10)
+
+def _j(run: Path, change):
+    data = json.loads((run / "run.json").read_text())
+    change(data)
+    (run / "run.json").write_text(json.dumps(data))
+
+
+CORRUPTIONS = {
+    "truncated": lambda run: (run / "run.json").write_text((run / "run.json").read_text()[:200]),
+    "empty": lambda run: (run / "run.json").write_text(""),
+    "not_utf8": lambda run: (run / "run.json").write_bytes(b"\xff\xfe{}"),
+    "list": lambda run: (run / "run.json").write_text("[]"),
+    "deep": lambda run: (run / "run.json").write_text("[" * 100_000 + "]" * 100_000),
+    "version_str": lambda run: _j(run, lambda d: d.update(version="1")),
+    "version_new": lambda run: _j(run, lambda d: d.update(version=99)),
+    "launches_dict": lambda run: _j(run, lambda d: d.update(launches={"a": 1})),
+    "launch_not_dict": lambda run: _j(run, lambda d: d["launches"].append(5)),
+    "launch_no_status": lambda run: _j(run, lambda d: d["launches"][0].pop("status")),
+    "launch_bad_status": lambda run: _j(run, lambda d: d["launches"][0].update(status="exploded")),
+    "launch_index_str": lambda run: _j(run, lambda d: d["launches"][0].update(index="../../x")),
+    "config_unknown": lambda run: _j(run, lambda d: d["launches"][0].update(config="nope")),
+    "configs_not_list": lambda run: _j(run, lambda d: d.update(configs={"x": 1})),
+    "config_no_env": lambda run: _j(run, lambda d: d["configs"][0].pop("env")),
+    "sizes_missing": lambda run: _j(run, lambda d: d["spec"].pop("sizes")),
+    "size_bad": lambda run: _j(run, lambda d: d["spec"].update(sizes=[{"bytes": "x"}])),
+    "world_size_str": lambda run: _j(run, lambda d: d.update(world_size="two")),
+    "samples_garbage": lambda run: (run / "samples.csv").write_bytes(b"\x00" * 100),
+    "summary_columns": lambda run: (run / "summary.csv").write_text("x\n1\n"),
+    "samples_is_dir": lambda run: ((run / "samples.csv").unlink(), (run / "samples.csv").mkdir()),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRUPTIONS))
+def test_corrupted_run_folders_are_one_error_and_untouched(tmp_path, name):
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    CORRUPTIONS[name](run)
+    before = _tree(run)
+    calls = [("report", run, "--out", tmp_path / "r.html")]
+    if name in ("truncated", "launch_bad_status", "samples_garbage"):  # the same loader: a few suffice
+        calls.append(("compare", RUN, run))
+    for args in calls:
+        r = run_cli(*args, timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith("commdiag: error: ") and r.stderr.count("\n") == 1, r.stderr
+        assert "Traceback" not in r.stderr and "failed:" not in r.stderr, r.stderr  # named, not generic
+    assert _tree(run) == before and not (tmp_path / "r.html").exists()
