@@ -124,7 +124,16 @@ def detect(pythons=(), *, current: bool = True, nvml_readings: dict | None = Non
         else:
             topo = topology(readings)
     else:
-        topo = topology(readings)
+        if not isinstance(readings, dict) or not all(
+                isinstance(readings.get(k, []), list) and all(isinstance(x, dict) for x in readings.get(k, []))
+                for k in ("gpus", "pairs")):
+            raise CommdiagError("--nvml-replay: not an NVML recording (a mapping with lists 'gpus' and 'pairs', "
+                                "as nvml-readings.json or `commdiag detect --json` writes)")
+        try:
+            topo = topology(readings)
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            raise CommdiagError(f"--nvml-replay: the recording has an unexpected shape "
+                                f"({e.__class__.__name__}: {str(e)[:120]})") from None
         notes.append("topology replayed from a recording")
     return Detection(reports, topo, collect_versions(topo, with_torch=with_torch), readings, notes)
 
