@@ -57,6 +57,7 @@ LIMITS = {
     "configs": 1000,            # configs incl. every grid point (L)
     "launches": 20_000,         # configs x trials (L); run.json is rewritten after each launch
     "bands": 64,
+    "description": 10_000,      # characters; it is stored in run.json and shown in the report
 }
 LARGE_OK = {"trials", "warmup", "iters", "batch", "sizes", "configs", "launches"}
 
@@ -225,6 +226,8 @@ def parse_yaml(text: str, path: Path | str = "<spec>"):
         raise SpecError(path, "(yaml)", f"not valid YAML: {_clip(' '.join(str(e).split()))}") from None
     except RecursionError:
         raise SpecError(path, "(yaml)", "nested too deeply to be a sweep spec") from None
+    except ValueError as e:  # an integer of thousands of digits (Python's int-from-string limit)
+        raise SpecError(path, "(yaml)", f"not a usable value: {_clip(str(e), 160)}") from None
 
 
 def _fld(name) -> str:
@@ -258,6 +261,8 @@ def apply_override(raw: dict, item: str, path: Path | str = "--set") -> None:
         target[parts[-1]] = value
     except RecursionError:
         raise SpecError("--set", key, "value nested too deeply") from None
+    except ValueError as e:
+        raise SpecError("--set", key, f"not a usable value: {_clip(str(e), 160)}") from None
 
 
 def _type_name(types: tuple[type, ...]) -> str:
@@ -413,8 +418,13 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     confirm_configs, confirm_rounds = _resolve_confirm(path, get("confirm"), configs)
 
     seed = get("seed")
+    if seed is not None and (isinstance(seed, bool) or not 0 <= seed < 2**63):
+        raise SpecError(path, "seed", f"{brief(seed)} must be an integer 0..2^63-1 or null")
+    description = str(get("description") or "")
+    if len(description) > LIMITS["description"]:
+        raise SpecError(path, "description", f"{len(description)} characters, more than {LIMITS['description']}")
     return Spec(
-        path=str(path), name=str(name), description=str(get("description") or ""), backend=backend,
+        path=str(path), name=str(name), description=description, backend=backend,
         nproc_per_node=nproc, nnodes=nnodes, rdzv_endpoint=rdzv, dtype=dtype, sizes=sizes,
         trials=trials, warmup=warmup, iters=iters, batch=batch, window_us=float(window_us), modes=modes,
         timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,

@@ -135,6 +135,7 @@ def test_config_names_without_control_characters(tmp_path, cname):
     ({"rdzv_endpoint": "h:0", "nnodes": 2}, "rdzv_endpoint"),
     ({"rdzv_endpoint": ":29500", "nnodes": 2}, "rdzv_endpoint"),
     ({"base_env": {"NCCL_DEBUG_FILE": "x" * 200_000}}, "base_env.NCCL_DEBUG_FILE"),
+    ({"seed": 2**64}, "seed"), ({"seed": -1}, "seed"), ({"description": "d" * 20_000}, "description"),
 ])
 def test_numeric_fields_are_bounded(tmp_path, kw, field):
     t0 = time.monotonic()
@@ -195,6 +196,15 @@ def test_non_utf8_and_deep_nesting_are_one_error(tmp_path):
     p.write_text("name: t\ndescription: " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(SpecError):
         load_spec(p)
+
+
+def test_a_huge_integer_literal_is_one_error(tmp_path):
+    p = tmp_path / "big.yaml"
+    p.write_text("name: t\nseed: " + "9" * 5000 + "\n")
+    with pytest.raises(SpecError, match="not a usable value"):
+        load_spec(p)
+    with pytest.raises(SpecError):
+        load_spec(write_spec(tmp_path / "s.yaml"), ["seed=" + "9" * 5000])
 
 
 def test_set_into_empty_configs(tmp_path):
