@@ -329,7 +329,8 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
     wall = _mean_wall(run)
     look = plan["looks"][-1]
     lines = [f"stage 2 (confirmation, look {look['look']}): {rounds} fresh rounds x {len(plan['configs'])} configs "
-             f"= {n} launches" + (f", about {n * wall / 60:.1f} min at {wall:.1f} s a launch" if wall else "")
+             f"= {n} launches" + (f", at most about {n * wall / 60:.1f} min ({wall:.1f} s a stage-1 launch; stage 2 measures less)"
+                if wall else "")
              + f"; {len(claims)} claim(s), each must reach p <= {look['threshold']:.2g}"]
     for c in claims:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"

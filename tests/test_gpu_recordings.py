@@ -17,6 +17,7 @@ from test_report import assert_drawn, render
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "benchmarks" / "h200x2-2026-11-29b"
+CERTIFIED = ROOT / "benchmarks" / "h200x2-2026-11-30"  # session 3: both sweeps with stage 2
 LOGS = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
 MB = 1 << 20
 
@@ -137,3 +138,49 @@ def test_heatmap_leaves_room_for_grid_config_names():
     longest = max(len(c["name"]) for c in data.run["configs"])
     for mode in ("graph", "eager"):
         assert figs[f"speedup-{mode}"]["layout"]["margin"]["l"] >= 7 * longest
+
+
+def test_gpu_aa_with_confirmation_never_certifies_the_twin_and_certifies_seed_slower_in_prefill():
+    # nvlink2-aa.yaml end to end on 2x H200 with stage 2 (confirm.configs: [aa, seed]): 4 two-sided claims
+    data = results.load_run(CERTIFIED / "nvlink2-aa")
+    v = verdict.evaluate_run(data)
+    assert v.status == verdict.CONFIRMED and v.family_size == 4
+    by = {(c.claim.config, c.claim.band): c for c in v.certifications}
+    assert not by[("aa", "decode")].certified and not by[("aa", "prefill")].certified
+    seed = by[("seed", "prefill")]
+    assert seed.result == certify.SLOWER and seed.ratio > 2.3 and seed.p <= seed.threshold == 0.0025
+    assert len(seed.config_us) == len(seed.default_us) == 6  # fresh stage-2 launches only
+    assert not by[("seed", "decode")].certified and "below the 3%" in by[("seed", "decode")].text
+    assert all(w.config is None for w in v.band_winners)
+    assert verdict.profile_plan(v, data.run, "r", "t") == {}
+    stage2 = [l for l in data.run["launches"] if l.get("stage") == 2]
+    assert len(stage2) == 18 and {l["status"] for l in stage2} == {"ok"}
+    assert data.run["confirmation"]["measure"]["modes"] == ["graph"]  # stage 2 measured only its claims' series
+    assert set(data.samples[data.samples["launch"].isin([l["index"] for l in stage2])]["mode"]) == {"graph"}
+
+
+def test_gpu_nvlink2_with_confirmation_keeps_defaults_and_costs_1_31x_screening():
+    import importlib.util
+
+    data = results.load_run(CERTIFIED / "nvlink2")
+    v = verdict.evaluate_run(data)
+    assert [c.claim.config for c in v.certifications] == ["seed", "seed"]  # no grid config was 3% faster
+    assert {c.claim.band: c.result for c in v.certifications} == {"decode": certify.NOT_CERTIFIED,
+                                                                  "prefill": certify.SLOWER}
+    assert all(w.config is None for w in v.band_winners)
+    spec = importlib.util.spec_from_file_location("certify_cost", ROOT / "benchmarks" / "certify_cost.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    s1, n1 = mod.stage_wall(data.run, 1)
+    s2, n2 = mod.stage_wall(data.run, 2)
+    assert (n1, n2) == (24, 12) and 1.2 < (s1 + s2) / s1 < 1.4
+
+
+def test_certified_gpu_report_draws_in_chromium(tmp_path):
+    run_dir = tmp_path / "aa"
+    shutil.copytree(CERTIFIED / "nvlink2-aa", run_dir)
+    path, v = report.write_report(run_dir)
+    dom, console, _ = render(path, tmp_path)
+    expected = int(dom.split('data-plots-expected="')[1].split('"')[0])
+    assert_drawn(dom, console, expected=expected)
+    assert 'id="stage2"' in dom and "certified slower: 140.3% slower" in dom
