@@ -212,7 +212,7 @@ def report_cmd(run_dir, out, as_json):
         check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
     path, verdicts = report.write_report(run_dir, out)
     if as_json:
-        click.echo(json.dumps({"format": "commdiag-verdicts", "version": 1, "run_dir": str(run_dir),
+        click.echo(json.dumps({"format": "commdiag-verdicts", "version": 2, "run_dir": str(run_dir),
                                "report": str(path), "verdicts": verdicts.to_json()}, indent=1))
     else:
         click.echo(report.render_verdicts(verdicts))

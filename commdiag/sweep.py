@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, certify, launcher, metadata, results, verdict
+from . import __version__, certify, launcher, metadata, results, stats, verdict
 from .errors import CommdiagError
 from .spec import Spec, launch_order
 
@@ -332,6 +332,12 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
              f"= {n} launches" + (f", at most about {n * wall / 60:.1f} min ({wall:.1f} s a stage-1 launch; stage 2 measures less)"
                 if wall else "")
              + f"; {len(claims)} claim(s), each must reach p <= {look['threshold']:.2g}"]
+    alt = "two-sided" if any(c.alternative == "two-sided" for c in claims) else "less"
+    total = sum(lk["rounds"] for lk in plan["looks"])
+    if stats.smallest_p(total, total, alt) > look["threshold"]:
+        lines.append(f"  warning: with {total} rounds the exact test cannot reach p <= {look['threshold']:.2g} at all "
+                     f"(smallest attainable {stats.smallest_p(total, total, alt):.2g}): nothing can be certified; "
+                     f"{stats.launches_to_reach(look['threshold'], alt)} rounds could")
     for c in claims:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
         lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "

@@ -126,3 +126,10 @@ def test_old_run_folders_load_as_screening_only_and_confirm_refuses_unfinished_s
     (run_dir / "run.json").write_text(json.dumps(run))
     proc = run_cli("confirm", run_dir)
     assert proc.returncode == 2 and "stage 1 (screening) is unfinished" in proc.stderr
+
+
+def test_a_plan_too_short_to_certify_says_so_before_it_starts():
+    claims = [certify.Claim("x", "graph", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
+    plan = certify.confirmation_plan(claims, 3, 9, "t")
+    text = sweep._confirm_plan_text({"launches": []}, plan, 3)
+    assert text.launches == 6 and "cannot reach p <= 0.005 at all" in text.lines[1] and "6 rounds could" in text.lines[1]
