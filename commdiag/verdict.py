@@ -109,11 +109,7 @@ class Verdicts:
 
 def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]) -> Verdicts:
     """Verdicts from launch values (stage 1 and 2) and run.json (spec, launches, confirmation plan)."""
-    spec = run.get("spec", {})
-    tokens_by_size = {s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])}
-    modes = list(dict.fromkeys(list(spec.get("modes") or []) + sorted({v.mode for v in values})))
-    scr = screening.screen(values, configs=[c["name"] for c in run.get("configs", [])], modes=modes,
-                           tokens_by_size=tokens_by_size, bands=spec.get("bands") or {}, excluded=excluded)
+    scr = _screen(values, run, excluded)
     sizes = certify.certify_sizes(scr, values) if run.get("certify_sizes") else []
     plan = run.get("confirmation")
     if not plan:
@@ -174,12 +170,16 @@ def screening_of(data) -> tuple[Screening, list[stats.LaunchValue]]:
     """Stage 1 alone (what the sweep plans stage 2 from)."""
     run = data.run
     values = stats.launch_values(data.samples, stats.usable_launches(run), stats.launch_stages(run))
+    return _screen(values, run, stats.exclusions(run, data.summary)), values
+
+
+def _screen(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]) -> Screening:
+    """Screening of a run: the spec's modes first, then any other series in the data (graph-direct, ...)."""
     spec = run.get("spec", {})
     modes = list(dict.fromkeys(list(spec.get("modes") or []) + sorted({v.mode for v in values})))
-    scr = screening.screen(values, configs=[c["name"] for c in run.get("configs", [])], modes=modes,
-                           tokens_by_size={s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])},
-                           bands=spec.get("bands") or {}, excluded=stats.exclusions(run, data.summary))
-    return scr, values
+    return screening.screen(values, configs=[c["name"] for c in run.get("configs", [])], modes=modes,
+                            tokens_by_size={s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])},
+                            bands=spec.get("bands") or {}, excluded=excluded)
 
 
 def profile_plan(verdicts: Verdicts, run: dict, source: str, created: str) -> dict[str, tuple[dict, dict]]:
