@@ -60,7 +60,10 @@ def _no_winner_reason(run_dir: Path) -> str:
         return f"{run_dir} has no profile.env and no readable run.json (is it a commdiag run folder?)"
     verdict = run.get("verdicts", run.get("verdict"))
     bands = sorted(p.name for p in run_dir.glob("profile-*.env"))
-    why = "the sweep recorded no significant winner (keep NCCL's defaults)"
+    why = "the sweep certified no winner (keep NCCL's defaults)"
+    if not run.get("confirmation"):  # no stage 2: screening alone never makes a profile
+        why = (f"the run has no confirmation (stage 2), and screening alone never makes a profile: "
+               f"commdiag confirm {run_dir}")
     if isinstance(verdict, dict):
         parts = [f"{k}: {v}" for k, v in verdict.items() if isinstance(v, (str, int, float)) or v is None]
         if parts:
