@@ -21,12 +21,14 @@ import importlib.util
 import os
 import random
 import shutil
+import signal
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, certify, launcher, metadata, results, stats, verdict
+from . import __version__, certify, launcher, metadata, results, runlock, stats, verdict
 from .errors import CommdiagError
 from .spec import Spec, launch_order
 
@@ -194,12 +196,20 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
         if (run_dir / "run.json").exists():
             raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
         run_dir.mkdir(parents=True, exist_ok=True)
-        run = new_run(spec, run_dir, nproc)
-        run["confirm_requested"] = bool(confirm)
-        if certify_sizes:
-            run["certify_sizes"] = {"trials": spec.trials}
-        results.save_run(run_dir, run)
-    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+        with runlock.hold(run_dir):  # checked again under the lock: two sweeps may race for one --out
+            if (run_dir / "run.json").exists():
+                raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
+            run = new_run(spec, run_dir, nproc)
+            run["confirm_requested"] = bool(confirm)
+            if certify_sizes:
+                run["certify_sizes"] = {"trials": spec.trials}
+            results.save_run(run_dir, run)
+            return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+    with runlock.hold(run_dir):
+        run = results.load_run_json(run_dir)  # read again under the lock: what the last holder left
+        run["state"] = "running"
+        _reap(run, run_dir)
+        return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
 
 
 def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str] | None = None,
@@ -207,9 +217,23 @@ def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str]
                 on_plan: Callable[[StagePlan], None] | None = None) -> SweepResult:
     """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
     or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
+    with runlock.hold(run_dir):
+        return _confirm_locked(Path(run_dir), rounds, env, on_progress, on_plan)
+
+
+def _reap(run: dict, run_dir: Path) -> None:
+    """Before a resume reruns a launch: end what a killed commdiag left running (by launch marker)."""
+    ended = runlock.reap_orphans(run)
+    if ended:
+        run.setdefault("warnings", []).append(
+            f"ended {len(ended)} process(es) left running by an earlier commdiag in {run_dir} (pids "
+            f"{', '.join(map(str, ended))})")
+
+
+def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepResult:
     base_env = dict(os.environ if env is None else env)
-    run_dir = Path(run_dir)
     run = results.load_run_json(run_dir)
+    _reap(run, run_dir)
     spec = Spec.from_json(run["spec"])
     if any(l["status"] == results.PENDING and int(l.get("stage", 1)) == 1 for l in run["launches"]):
         raise CommdiagError(f"{run_dir}: stage 1 (screening) is unfinished; finish it first: "
@@ -237,6 +261,10 @@ def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str]
 
 
 def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan) -> SweepResult:
+    if threading.current_thread() is threading.main_thread():
+        # Started with SIGINT ignored (nohup, a background job, some service managers), Ctrl-C and
+        # `kill -INT` would do nothing: the sweep's interrupt-and-resume needs the default handler.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     configs = {c["name"]: c for c in run["configs"]}
     interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress)
     if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
@@ -284,7 +312,7 @@ def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: 
 
 
 # What a pending launch keeps when it is reset: its identity and place in the plan.
-LAUNCH_KEYS = ("index", "config", "trial", "stage", "round")
+LAUNCH_KEYS = ("index", "config", "trial", "stage", "round", "marker")
 
 
 def _mean_wall(run: dict) -> float | None:
@@ -436,10 +464,17 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
             "set_env": {k: configs[l["config"]]["env"].get(k, base_env.get(k)) for k in PER_COMMUNICATOR},
         } for l, f in zip(batch, folders)]
     started = _utc()
-    outcome, marker = launcher.launch_worker(  # marker: COMMDIAG_LAUNCH_ID of this launch's processes
+    # The marker (COMMDIAG_LAUNCH_ID of this launch's processes) is in run.json before anything starts,
+    # so a resume after kill -9 can find and end what this launch left running (runlock.reap_orphans).
+    marker = launcher.new_marker()
+    for launch in batch:
+        launch["marker"] = marker
+    results.save_run(run_dir, run)
+    outcome, marker = launcher.launch_worker(
         folder, plan, base_env=base_env, config_env=process_env, extra_env=debug_env,
         nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
-        rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", deadline_s=spec.timeout_s * len(batch))
+        rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", deadline_s=spec.timeout_s * len(batch),
+        marker=marker)
     if outcome.interrupted:
         return outcome
     found = [results.read_launch_result(run_dir, l["index"]) for l in batch]

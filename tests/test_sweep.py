@@ -270,3 +270,63 @@ def test_reuse_process_refuses_a_users_own_nccl_debug(tmp_path):
     assert proc.returncode == 2
     assert "reuse_process" in proc.stderr and "NCCL_DEBUG" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_second_sweep_in_a_folder_is_refused_and_resume_after_kill_9_ends_the_orphans(tmp_path):
+    # issue 12 items 4 and 5: one process per run folder; a launch left running by a killed commdiag
+    # is found by its recorded marker and ended before --resume reruns it.
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", timeout_s=12, seed=1, configs={"hang": {"COMMDIAG_TEST_FAULT": "hang"}})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out),
+                              "--no-confirm"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        marker, deadline = None, time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait for the hanging launch's processes to be up
+            try:
+                hung = [l for l in read_run(out)["launches"] if l["config"] == "hang" and l.get("marker")]
+            except (OSError, ValueError):
+                hung = []
+            if hung and len(launcher.marked_pids(hung[0]["marker"])) >= 2:
+                marker = hung[0]["marker"]
+                break
+            time.sleep(0.2)
+        assert marker, "the hanging launch never started"
+        second = run_cli("sweep", "--resume", out, timeout=60)
+        assert second.returncode == 2 and "another commdiag process" in second.stderr
+        assert f"pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        first.kill()  # kill -9: its torchrun and workers live on, re-parented
+        first.wait(timeout=30)
+        orphans = launcher.marked_pids(marker)
+        assert orphans, "kill -9 of commdiag left no orphans to test with"
+    finally:
+        if first.poll() is None:
+            first.kill()
+    resumed = run_cli("sweep", "--resume", out, timeout=300)
+    assert resumed.returncode == 3, resumed.stderr[-2000:]  # the hanging launch times out again
+    assert not [p for p in orphans if launcher.marked_pids(marker) and p in launcher.marked_pids(marker)]
+    run = read_run(out)
+    assert any("ended" in w and "left running by an earlier commdiag" in w for w in run["warnings"])
+    assert {l["config"]: l["status"] for l in run["launches"]} == {"default": "ok", "hang": "timeout"}
+    assert not survivors(run)
+
+
+def test_a_sweep_started_with_sigint_ignored_can_still_be_interrupted(tmp_path):
+    out = tmp_path / "run"
+    spec = write_spec(tmp_path / "s.yaml", trials=3, timeout_s=60)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out),
+                             "--no-confirm"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if any(l["status"] == "ok" for l in read_run(out)["launches"]):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert read_run(out)["state"] == "interrupted"
