@@ -417,9 +417,15 @@ def test_from_run_dir_without_winner_is_refused_with_the_reason(root, tmp_path):
     (run / "run.json").write_text(json.dumps({"format": "commdiag-run", "version": 1}))
     (run / "profile-prefill.env").write_text("# commdiag-profile 1\nNCCL_PROTO=Simple\n")
     cp = cli("--from", str(run), "--method", "none", "--nccl-conf", "--root", str(root), check=2)
-    assert "nothing to install" in cp.stderr and "no significant winner" in cp.stderr
+    # a run without stage 2: screening alone never makes a profile, and the error says what would
+    assert "nothing to install" in cp.stderr and "no confirmation (stage 2)" in cp.stderr
+    assert f"commdiag confirm {run}" in cp.stderr
     assert "profile-prefill.env" in cp.stderr and "--force" in cp.stderr
     assert list(root.iterdir()) == []
+    run_json = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**run_json, "version": 3, "confirmation": {"claims": []}}))
+    cp = cli("--from", str(run), "--method", "none", "--nccl-conf", "--root", str(root), check=2)
+    assert "the sweep certified no winner" in cp.stderr
     cli("--from", str(run), "--force", "--set", "NCCL_ALGO=Tree", "--method", "none", "--nccl-conf",
         "--root", str(root), check=0)
     assert "NCCL_ALGO=Tree" in (root / "etc/nccl.conf").read_text()
