@@ -162,8 +162,8 @@ def drift(values_by_round: list[tuple[int, float]]) -> tuple[float, float] | Non
     r, v = zip(*values_by_round)
     if len(set(v)) < 2 or len(set(r)) < 2:
         return None
-    res = spearmanr(r, v)
-    return float(res.statistic), float(res.pvalue)
+    rho, p = spearmanr(r, v)[:2]
+    return float(rho), float(p)
 
 
 def launches_for_power(noise_sd: float, effect: float, threshold: float, alternative: str) -> int:
