@@ -37,7 +37,14 @@ def _unexpected(e: BaseException, command: str | None) -> str:
 
 class _Group(click.Group):
     """Catches once what the commands raise: a CommdiagError is its message and exit code;
-    any other exception is one line naming what failed (exit 2), its traceback behind --debug."""
+    any other exception is one line naming what failed (exit 2), its traceback behind --debug.
+    Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
+
+    ORDER = ("doctor", "sweep", "confirm", "report", "compare", "explain", "install-hook", "check-env", "detect")
+
+    def list_commands(self, ctx):
+        names = super().list_commands(ctx)
+        return [n for n in self.ORDER if n in names] + sorted(n for n in names if n not in self.ORDER)
 
     def invoke(self, ctx):
         try:
@@ -61,8 +68,18 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, envvar="COMMDIAG_DEBUG",
               help="Show the full traceback of an unexpected error (also COMMDIAG_DEBUG=1).")
 def main(debug: bool) -> None:
-    """NCCL/PCIe communication diagnostics: did the settings arrive, did NCCL apply them,
-    do they help at my message sizes by more than the noise."""
+    """NCCL/PCIe communication diagnostics: do NCCL settings make your model's all-reduce faster, by more
+    than the noise (certified on fresh launches), and do they reach every worker.
+
+    \b
+    On a GPU box, in this order (README.md, "On your GPU box"):
+      commdiag doctor                           the machine: topology, hooks, env
+      commdiag sweep sweeps/nvlink2-aa.yaml     A/A check: must certify nothing
+      commdiag sweep sweeps/pcie8.yaml          the sweep (30-45 min, 8 GPUs)
+      commdiag report reports/RUN               report.html and the verdicts
+      commdiag install-hook --from reports/RUN  persist a certified winner
+      commdiag check-env                        did the settings arrive here
+    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (gloo, about a minute)."""
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -83,7 +100,7 @@ def _progress_line(p) -> str:
             f"in {l.get('wall_s', 0):.1f}s  ETA {_fmt_s(p.eta_s)}")
 
 
-@main.command()
+@main.command(short_help="Time all-reduce per NCCL config; certify the winner.")
 @click.argument("spec_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key, e.g. --set trials=5 or --set base_env.NCCL_P2P_DISABLE=1.")
@@ -162,7 +179,7 @@ def _finish_run(res, as_json: bool) -> None:
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
 
 
-@main.command("confirm")
+@main.command("confirm", short_help="Stage 2 of a run: confirm its candidates on fresh launches.")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--rounds", type=click.IntRange(3, 200), default=None,
               help="Rounds of stage 2 (default: the fewest that can certify, at least 6). On a confirmed run: "
@@ -177,19 +194,21 @@ def confirm_cmd(run_dir, rounds, as_json):
     _finish_run(res, as_json)
 
 
-@main.command("explain")
+@main.command("explain", short_help="What NCCL chose per size: algorithm, protocol, channels.")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--no-run", is_flag=True, help="Only show what an earlier explain stored; launch nothing.")
 def explain_cmd(run_dir, as_json, no_run):
-    """What NCCL chose (algorithm, protocol, channels) per config and size of a run (GPU, NCCL >= 2.24)."""
+    """What NCCL chose (algorithm, protocol, channels) per config and size of an nccl run (GPU machine).
+
+    One untimed launch per config with NCCL's TUNING log. NCCL >= 2.24 logs names and channel ranges;
+    older versions log numeric ids (mapped to names, channels unknown) or nothing, which is said plainly.
+    A gloo run is refused: gloo never loads NCCL."""
     from . import explain as explain_mod, results
 
     run = results.load_run_json(run_dir)
     if no_run:
-        data = run.get("explain")
-        if not data:
-            raise errors.CommdiagError(f"{run_dir}: run.json has no explain section; run  commdiag explain {run_dir}")
+        data = explain_mod.stored(run_dir, run)
     else:
         data = explain_mod.run_explain(run_dir)
     if as_json:
@@ -198,7 +217,7 @@ def explain_cmd(run_dir, as_json, no_run):
         click.echo(explain_mod.render(data, run["spec"]["sizes"]))
 
 
-@main.command("report")
+@main.command("report", short_help="Write a run's HTML report and print its verdicts.")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path),
               help="HTML file to write (default: RUN_DIR/report.html).")
@@ -219,7 +238,7 @@ def report_cmd(run_dir, out, as_json):
         click.echo(f"\nreport: {path}")
 
 
-@main.command("compare")
+@main.command("compare", short_help="Did run B change against run A, beyond launch noise?")
 @click.argument("run_a", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.argument("run_b", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
@@ -272,7 +291,7 @@ def _var_line(v) -> str:
             + (f"  {v.detail}" if v.detail and v.status != "ok" else ""))
 
 
-@main.command("check-env")
+@main.command("check-env", short_help="Did the NCCL settings arrive in this process (or children)?")
 @click.option("--expect", "expects", multiple=True, metavar="NAME=VALUE", help="Expected value (repeatable).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Expect the settings of a commdiag profile (a sweep's RUN_DIR/profile.env).")
@@ -280,10 +299,12 @@ def _var_line(v) -> str:
 @click.option("--propagation", is_flag=True,
               help="Start children every way frameworks do (fork, spawn, forkserver, subprocess, torchrun) "
                    "and report what arrived in each.")
-@click.option("--no-torchrun", is_flag=True, help="With --propagation: skip the torchrun paths.")
+@click.option("--no-torchrun", is_flag=True,
+              help="With --propagation: skip the two torchrun paths (a torchrun worker and its spawn grandchild).")
 @click.option("--nccl", "nccl", is_flag=True,
               help="GPU machine: bring NCCL up (NCCL_DEBUG=INFO, SUBSYS=ENV) and compare what it applied, per rank.")
-@click.option("--nproc", type=int, default=None, help="With --nccl: processes (default: every visible GPU).")
+@click.option("--nproc", type=int, default=None,
+              help="With --nccl: ranks (one process per GPU) to start (default: every visible GPU).")
 @click.option("--conf-root", type=click.Path(file_okay=False), default=None, hidden=True,
               help="Read nccl.conf files under this staged root (tests).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -297,7 +318,7 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
         if as_json:
             click.echo(_envelope("check-env-nccl", r.to_json()))
         else:
-            click.echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV), expectation from {r.source}:")
+            click.echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV), {envcheck.describe_expectation(r.source)}:")
             if r.debug_note:
                 click.echo(f"  note: {r.debug_note}")
             for rank in r.ranks:
@@ -316,24 +337,14 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
         if as_json:
             click.echo(_envelope("check-env-propagation", r.to_json()))
         else:
-            names = list(r.expected) + list(r.sentinels)
-            click.echo(f"expectation from {r.source}: " + (" ".join(f"{k}={v}" for k, v in r.expected.items()) or "none"))
-            for n, what in r.sentinels.items():
-                click.echo(f"  sentinel {n}: {what}")
-            for p in r.paths:
-                click.echo(f"{'ok  ' if p.ok else 'FAIL'} {p.path}" + (f"  [{p.how}]" if p.how and p.how != "-" else ""))
-                if p.error:
-                    click.echo(f"      error: {p.error}")
-                for n in names:
-                    s = p.vars.get(n)
-                    if s is not None:
-                        click.echo(f"      {n:32} environ={s['environ']!s:24} getenv={s['getenv']!s}")
+            click.echo(propagation_mod.render(r))
         sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
     r = envcheck.check_env(expect, profile=profile_path, names=extra_vars, conf_root=conf_root)
     if as_json:
         click.echo(_envelope("check-env", r.to_json()))
     else:
-        click.echo(f"pid {r.pid} {r.executable}; expectation from {r.source}")
+        click.echo(f"pid {r.pid} {r.executable}")
+        click.echo(envcheck.describe_expectation(r.source))
         for v in r.vars:
             click.echo(_var_line(v))
         if not r.vars:
@@ -353,7 +364,7 @@ def _load_readings(path):
     return data.get("nvml_readings", data) if isinstance(data, dict) else data
 
 
-@main.command()
+@main.command(short_help="Python startup hooks, GPU topology (NVML), versions.")
 @click.option("--python", "pythons", multiple=True, metavar="PATH",
               help="Also probe this interpreter (e.g. the inference server's venv python); repeatable.")
 @click.option("--nvml-replay", type=click.Path(dir_okay=False, exists=True), default=None,
@@ -368,7 +379,7 @@ def detect(pythons, nvml_replay, as_json):
     sys.exit(errors.EXIT_OK if d.ok else errors.EXIT_CHECK_FAILED)
 
 
-@main.command()
+@main.command(short_help="Health report: topology, startup hooks, NCCL env; what to do.")
 @click.option("--python", "pythons", multiple=True, metavar="PATH", help="Also probe this interpreter; repeatable.")
 @click.option("--expect", "expects", multiple=True, metavar="NAME=VALUE", help="Expected value (repeatable).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -386,7 +397,7 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
 
 
-@main.command("install-hook")
+@main.command("install-hook", short_help="Persist settings: Python hook, systemd, nccl.conf; exact undo.")
 @click.option("--from", "from_dir", type=click.Path(file_okay=False, path_type=Path), metavar="RUN_DIR",
               help="Install the sweep's winner (RUN_DIR/profile.env); refused when there is none, unless --force.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), help="Install a profile file.")
@@ -408,7 +419,9 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
 @click.option("--dry-run", is_flag=True, help="Print the plan (files, content, diffs) and change nothing.")
 @click.option("--python-flag", "python_flags", multiple=True, metavar="FLAG",
               help="With --status: a flag the service starts the interpreter with (-S, -I, ...); repeatable.")
-@click.option("--no-verify", is_flag=True, help="Do not start the target interpreter after installing.")
+@click.option("--no-verify", is_flag=True,
+              help="Do not start the target interpreter after installing to check that every value arrives "
+                   "(for a target that cannot run here, e.g. a staged --root).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit, systemd_env_file, nccl_conf, override,
                      force, root, show_status, uninstall, all_installs, dry_run, python_flags, no_verify, as_json):

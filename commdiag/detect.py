@@ -119,8 +119,8 @@ def detect(pythons=(), *, current: bool = True, nvml_readings: dict | None = Non
         try:
             readings = read_nvml()
         except NvmlUnavailable as e:
+            # the reason is the topology's own, said once (render and to_json both carry it)
             topo = Topology(False, str(e))
-            notes.append(f"topology skipped: {e}")
         else:
             topo = topology(readings)
     else:
@@ -138,6 +138,26 @@ def detect(pythons=(), *, current: bool = True, nvml_readings: dict | None = Non
     return Detection(reports, topo, collect_versions(topo, with_torch=with_torch), readings, notes)
 
 
+def shadowing(h: pyprobe.PythonHooks, shadowed: str) -> tuple[str, str, str]:
+    """Why a sitecustomize.py does not load and what to do: (why, command, what the command does).
+
+    detect and doctor say the same words."""
+    loaded = h.sitecustomize or "nothing"
+    why = (f"`import sitecustomize` in {h.executable} finds {loaded} first on sys.path, and Python runs only "
+           f"the first one it finds, so the code in {shadowed} never runs")
+    return (why, f"commdiag install-hook --python {h.executable}",
+            "it installs a .pth hook, which no sitecustomize shadows; or move that code into the sitecustomize "
+            "that loads")
+
+
+def _wrapped(label: str, text: str, indent: str) -> list[str]:
+    """``label text`` wrapped to 100 columns, continuation lines aligned under the text."""
+    import textwrap
+
+    return textwrap.wrap(text, 100, initial_indent=f"{indent}{label}", subsequent_indent=indent + " " * len(label),
+                         break_on_hyphens=False, break_long_words=False)
+
+
 def render(d: Detection) -> str:
     lines = ["Python hooks"]
     for r in d.pythons:
@@ -152,6 +172,8 @@ def render(d: Detection) -> str:
         lines.append(f"    sitecustomize: {h.sitecustomize or 'none'}{target}")
         for s in h.shadowed_sitecustomize:
             lines.append(f"    SHADOWED (will not load): {s}")
+            why, command, how = shadowing(h, s)
+            lines += _wrapped("why: ", why, "      ") + _wrapped("do:  ", f"{command} ({how})", "      ")
         lines.append(f"    usercustomize: {h.usercustomize or 'none'}   user site: {h.user_site} "
                      f"({'enabled' if h.user_site_enabled else 'disabled'})")
         for f, n, line in h.pth_exec:
@@ -164,6 +186,7 @@ def render(d: Detection) -> str:
     t = d.topology
     if not t.available:
         lines.append(f"Topology: unavailable: {t.reason}")
+        lines.append("  the topology checks (NVLink/PCIe, P2P, LL128, NVLS) are skipped; the rest works")
     else:
         lines.append(f"Topology: {len(t.gpus)} GPU(s), {t.classification}")
         for g in t.gpus:

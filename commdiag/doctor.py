@@ -91,11 +91,9 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
         for s in h.shadowed_sitecustomize:
             bad = True
             loaded = h.sitecustomize or "nothing"
-            out.append(Finding("warning", check, f"sitecustomize.py at {s} is shadowed by {loaded}",
-                               f"`import sitecustomize` in {h.executable} finds {loaded} first on sys.path; "
-                               f"the code in {s} never runs",
-                               f"use `commdiag install-hook --python {h.executable}` (it installs a .pth hook, "
-                               "which no sitecustomize shadows)"))
+            why, command, how = detect_mod.shadowing(h, s)
+            out.append(Finding("warning", check, f"sitecustomize.py at {s} is shadowed by {loaded}", why,
+                               f"use `{command}` ({how})"))
         if h.hooks_disabled or "-I" in h.disabled_by:
             bad = True
             out.append(Finding("warning", check, f"startup hooks disabled by {', '.join(h.disabled_by)}",

@@ -77,6 +77,13 @@ def resolve_expectation(expect: dict[str, str] | None = None, profile: str | os.
     return settings, " + ".join(sources) or "none"
 
 
+def describe_expectation(source: str) -> str:
+    """The words a renderer uses for ``resolve_expectation``'s source: "none" is no expectation at all."""
+    if source == "none":
+        return "no expectation given (--expect, --profile) and no commdiag hook installed: listing only"
+    return f"expectation from {source}"
+
+
 def parse_assignments(items, what: str = "--expect") -> dict[str, str]:
     """``["NAME=VALUE", ...]`` -> dict, validated like sweep specs (errors name the item)."""
     from . import ncclvars

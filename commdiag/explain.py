@@ -79,6 +79,24 @@ def notes(configs: list[dict], explained: dict[str, dict]) -> list[dict]:
     return out
 
 
+def require_nccl(run_dir, backend: str) -> None:
+    """explain reads NCCL's own log: a run of another backend (gloo) never loaded NCCL."""
+    if backend != "nccl":
+        raise CommdiagError(f"{run_dir}: this run used backend {backend!r}, which never loads NCCL, so NCCL "
+                            "settings have no effect in it and there is no choice of NCCL's to explain; "
+                            "explain needs a run with backend nccl (a GPU machine)")
+
+
+def stored(run_dir, run: dict) -> dict:
+    """What an earlier explain stored in run.json (``explain --no-run``); one error saying what to run instead."""
+    require_nccl(run_dir, (run.get("spec") or {}).get("backend", "nccl"))
+    data = run.get("explain")
+    if not data:
+        raise CommdiagError(f"{run_dir}: run.json has no explain section; run  commdiag explain {run_dir}  "
+                            "(on the GPU machine: it launches one untimed run per config)")
+    return data
+
+
 def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
     """Run one untimed TUNING launch per config of ``run_dir`` and store the result in run.json."""
     import os
@@ -86,8 +104,7 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
     run_dir = Path(run_dir)
     run = results.load_run_json(run_dir)
     spec = Spec.from_json(run["spec"])
-    if spec.backend != "nccl":
-        raise CommdiagError(f"{run_dir}: explain reads NCCL's own log; this run used backend {spec.backend!r}")
+    require_nccl(run_dir, spec.backend)
     base_env = dict(os.environ if env is None else env)
     sizes = [s.bytes for s in spec.sizes]
     explained: dict[str, dict] = {}

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import PACKAGE_PARENT
-from .envcheck import resolve_expectation
+from .envcheck import describe_expectation, resolve_expectation
 from .metadata import libc_getenv
 
 EARLY_VAR = "COMMDIAG_PROPAGATION_EARLY"  # set by commdiag before each mechanism starts
@@ -219,6 +219,73 @@ def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use
         else:
             os.environ[n] = v
     sentinels = {EARLY_VAR: "set in os.environ before any child starts",
-                 LATE_VAR: "set in os.environ after each mechanism started (value: the path's name)",
+                 LATE_VAR: "set in os.environ after each mechanism started (value: the path)",
                  PUTENV_VAR: "set with os.putenv only (getenv has it, os.environ does not)"}
     return Propagation(expected, source, sentinels, results)
+
+
+def _lost_sentinels(p: PathResult) -> list[str]:
+    """Sentinels a child path did not receive (in getenv, which is what NCCL reads)."""
+    short = {EARLY_VAR: "EARLY", LATE_VAR: "LATE", PUTENV_VAR: "PUTENV"}
+    return [short[n] for n in short if p.vars and (p.vars.get(n) or {}).get("getenv") is None]
+
+
+def unset_in_parent(r: Propagation) -> list[str]:
+    """Expected variables this process (the launching shell's child) does not have: no child can get them."""
+    here = next((p for p in r.paths if p.path == "this process"), None)
+    if here is None:
+        return []
+    return [n for n in r.expected if (here.vars.get(n) or {}).get("getenv") is None
+            and (here.vars.get(n) or {}).get("environ") is None]
+
+
+def render(r: Propagation) -> str:
+    """Text for ``check-env --propagation``: a warning for what the shell lacks, every path, a summary."""
+    import textwrap
+
+    lines = []
+    unset = unset_in_parent(r)
+    if unset:
+        export = " ".join(f"{n}={r.expected[n]}" for n in unset)
+        lines += textwrap.wrap(f"warning: {', '.join(unset)} not set in the shell that ran this command: commdiag "
+                               "does not set expected variables itself, so no child can receive them and every "
+                               "path fails for them. Export them first:", 100, subsequent_indent="  ")
+        lines.append(f"  {export} commdiag check-env --propagation ...")
+    names = list(r.expected) + list(r.sentinels)
+    lines.append(describe_expectation(r.source) + (": " + " ".join(f"{k}={v}" for k, v in r.expected.items())
+                                                   if r.expected else ""))
+    lines.append("sentinels (set by commdiag itself):")
+    for n, what in r.sentinels.items():
+        lines.append(f"  {n}: {what}")
+    for p in r.paths:
+        lines.append(f"{'ok  ' if p.ok else 'FAIL'} {p.path}" + (f"  [{p.how}]" if p.how and p.how != "-" else ""))
+        if p.error:
+            lines.append(f"      error: {p.error}")
+        for n in names:
+            v = p.vars.get(n)
+            if v is not None:
+                lines.append(f"      {n:32} environ={v['environ']!s:24} getenv={v['getenv']!s}")
+    width = max(len(p.path) for p in r.paths) if r.paths else 0
+    lines.append("")
+    lines.append("summary per path (expected variables in os.environ and getenv; sentinels the child lost):")
+    for p in r.paths:
+        missing = [n for n, v in r.expected.items() if not _arrived(p.vars, {n: v})]
+        what = []
+        if p.error:
+            what.append("did not run")
+        elif r.expected:
+            what.append("missing " + ", ".join(missing) if missing else "every expected variable arrived")
+        lost = [] if p.path == "this process" or p.error else _lost_sentinels(p)
+        if lost:
+            what.append("lost " + ", ".join(lost))
+        lines.append(f"  {'ok  ' if p.ok else 'FAIL'} {p.path:<{width}}  {'; '.join(what) or 'nothing expected'}")
+    ok = sum(p.ok for p in r.paths)
+    if r.expected:
+        tail = f"{ok} of {len(r.paths)} paths carried every expected variable"
+        if unset:
+            tail += f" ({', '.join(unset)} not set in this shell: see the warning)"
+    else:
+        tail = ("nothing expected: only the sentinels were followed; give --expect NAME=VALUE or --profile FILE\n"
+                "(exported in this shell) to check your own settings")
+    lines.append(tail)
+    return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""The newcomer's path (issue 13): the README leads, the worker check works from any folder, output fits.
+
+Real CLI subprocesses; the README is read as a file, so a command it shows is the command tested.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+
+README = (REPO / "README.md").read_text()
+WORKFLOW = ["doctor", "sweep", "confirm", "report", "compare", "explain", "install-hook", "check-env", "detect"]
+
+
+def clean_env(**extra) -> dict:
+    """This environment without NCCL_* (the test must not depend on the shell that ran pytest)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    env.update(extra)
+    return env
+
+
+def cli(*args, env, cwd=None):
+    return subprocess.run([sys.executable, "-m", "commdiag.cli", *map(str, args)], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(REPO)}, timeout=300, cwd=cwd)
+
+
+# --------------------------------------------------------------------------- the README
+
+
+def test_readme_first_screen_says_what_it_is_then_cpu_then_the_gpu_path():
+    lines = README.splitlines()
+    heads = [n for n, l in enumerate(lines) if l.startswith("## ")]
+    # a paragraph of prose before any command; the two CPU commands; the GPU path within the first screens
+    assert lines[2].startswith("commdiag tells you whether NCCL settings")
+    assert lines[heads[0]] == "## Try it on a CPU machine" and lines[heads[1]] == "## On your GPU box"
+    assert heads[1] < 40
+    cpu = README.split("## Try it on a CPU machine", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert cpu.splitlines()[1] in ci  # CI runs the README's test command verbatim
+
+
+def test_readme_gpu_path_installs_against_the_torch_already_there():
+    gpu = README.split("## On your GPU box", 1)[1].split("## Commands", 1)[0]
+    assert "python3 -m venv --system-site-packages .venv && .venv/bin/pip install -e ." in gpu
+    assert "torch==" not in gpu  # no torch pin on a GPU box
+    order = ["commdiag doctor", "commdiag sweep sweeps/nvlink2-aa.yaml", "commdiag sweep sweeps/pcie8.yaml",
+             "commdiag report reports/<run>", "install-hook --from reports/<run>", "commdiag.check_env("]
+    at = [gpu.index(s) for s in order]
+    assert at == sorted(at), order
+
+
+def test_readme_gives_a_time_for_every_shipped_spec_and_the_tests():
+    table = README.split("## Shipped specs and how long they take", 1)[1].split("\n## ", 1)[0]
+    for spec in sorted(p.name for p in (REPO / "sweeps").glob("*.yaml")):
+        row = next((l for l in table.splitlines() if l.startswith(f"| `{spec}`")), None)
+        assert row is not None, spec
+        assert re.search(r"\d+(\.\d+)? (s|min|minute)", row.rsplit("|", 2)[1]), row
+    tests = README.split("## Tests", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"\d+ min", tests) and "SUITE_TIME" not in tests
+
+
+def test_readme_links_every_docs_page_and_each_page_exists():
+    pages = sorted(p.name for p in (REPO / "docs").glob("*.md"))
+    assert {"glossary.md", "verdicts.md", "method.md", "formats.md", "fidelity.md", "install-hook.md",
+            "reuse-process.md", "spec.md"} <= set(pages)
+    for page in pages:
+        assert f"](docs/{page})" in README, page
+    for target in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (REPO / target).is_file(), target
+    glossary = (REPO / "docs" / "glossary.md").read_text()
+    for term in ("TP", "band", "A/A", "family-wise", "exact rank test", "sd of ln time", "LL, LL128, Simple", "NVLS",
+                 "CTA", "PIX, PXB, PHB", "pynccl", "busbw", "screening", "confirmation", "claim"):
+        assert f"**{term}" in glossary or f", {term}" in glossary or f"{term}**" in glossary, term
+
+
+def test_the_verdicts_page_keeps_the_method():
+    v = (REPO / "docs" / "verdicts.md").read_text()
+    for s in ("mean of\nln(time) after dropping the lowest and highest 5%", "Stage 1, screening", "Stage 2, confirmation",
+              "exact Wilcoxon-Mann-Whitney", "p <= 1%/M", "1/C(2k,k)", "`--no-confirm`", "screening only"):
+        assert s in v, s
+
+
+def test_spec_docs_tell_the_seed_key_from_the_config_named_seed():
+    spec = (REPO / "docs" / "spec.md").read_text()
+    assert "## `seed:` (a spec key) is not the config named `seed`" in spec
+    assert "--set seed=42" in spec and "--set configs.seed.NCCL_PROTO=Simple" in spec
+
+
+# --------------------------------------------------------------------------- the worker check
+
+
+def _installed() -> bool:
+    try:
+        importlib.metadata.version("commdiag")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _installed(), reason="needs commdiag installed (pip install -e .) in this interpreter")
+def test_readme_worker_check_works_from_the_folder_holding_the_clone(tmp_path):
+    # A clone is a folder named commdiag/; from its parent, a plain `python -c "import commdiag"` imports the
+    # clone's top folder as an empty namespace package ahead of an editable install. The README's line is -I.
+    (tmp_path / "commdiag").symlink_to(REPO, target_is_directory=True)
+    line = next(l for l in README.splitlines() if " -I -c 'import commdiag;" in l)
+    code = line.split(" -I -c ", 1)[1].strip().strip("'")
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"}
+    cp = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                        env=env, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.startswith("commdiag check-env pid ") and "OK" in cp.stdout
+    # the same check with an expectation: found missing (exit 1), then arrived (exit 0)
+    code = code.replace("check_env()", 'check_env({"NCCL_PROTO": "LL"})')
+    cp = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                        timeout=120)
+    assert cp.returncode == 1 and "FAIL NCCL_PROTO missing" in cp.stdout, cp.stderr
+    cp = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                        env={**env, "NCCL_PROTO": "LL"}, timeout=120)
+    assert cp.returncode == 0 and "OK 1 expected" in cp.stdout, cp.stderr
+
+
+# --------------------------------------------------------------------------- --help
+
+
+def test_help_lists_commands_in_workflow_order_with_whole_one_line_descriptions():
+    cp = run_cli("--help", env={"COLUMNS": "80"})
+    assert cp.returncode == 0
+    listing = cp.stdout.split("Commands:\n", 1)[1].splitlines()
+    assert [l.split()[0] for l in listing if l.strip()] == WORKFLOW
+    for l in listing:
+        assert "..." not in l and len(l) <= 80, l
+    assert all(len(l) <= 80 for l in cp.stdout.splitlines())
+    assert "commdiag sweep sweeps/nvlink2-aa.yaml" in cp.stdout  # the workflow, in the help too
+
+
+def test_every_option_of_every_command_is_documented():
+    import click
+
+    from commdiag.cli import main
+
+    for name, cmd in main.commands.items():
+        assert cmd.help and cmd.short_help, name
+        for p in cmd.params:
+            if not isinstance(p, click.Option) or p.hidden:
+                continue
+            assert p.help, f"{name} {p.opts}"
+    for opt in ("--no-torchrun", "--nproc", "--no-verify"):
+        assert f"`{opt}" in README, opt
+    assert "--no-torchrun" in run_cli("check-env", "--help").stdout
+    assert "cannot run here" in run_cli("install-hook", "--help").stdout
+
+
+def test_explain_help_and_docs_agree_on_old_nccl_versions():
+    help_text = " ".join(run_cli("explain", "--help").stdout.split())
+    docs = " ".join((REPO / "docs" / "explain.md").read_text().split())
+    assert "older versions log numeric ids (mapped to names, channels unknown) or nothing" in help_text
+    assert "older versions print numeric ids, which are mapped to names" in docs and "NCCL >= 2.24" in docs
+
+
+# --------------------------------------------------------------------------- output
+
+
+def test_check_env_without_an_expectation_says_so_plainly():
+    cp = cli("check-env", env=clean_env())
+    assert cp.returncode == 0, cp.stderr
+    assert "expectation from none" not in cp.stdout
+    assert cp.stdout.splitlines()[1] == ("no expectation given (--expect, --profile) and no commdiag hook "
+                                         "installed: listing only")
+
+
+def test_propagation_warns_when_the_expected_variable_is_not_exported_and_summarises():
+    cp = cli("check-env", "--propagation", "--no-torchrun", "--expect", "NCCL_ALGO=Ring", env=clean_env())
+    out = cp.stdout
+    assert cp.returncode == 1
+    assert out.startswith("warning: NCCL_ALGO not set in the shell that ran this command")
+    assert "  NCCL_ALGO=Ring commdiag check-env --propagation ..." in out
+    summary = out.split("summary per path", 1)[1].splitlines()
+    assert "  FAIL multiprocessing spawn" in "\n".join(summary) and "missing NCCL_ALGO" in summary[2]
+    assert summary[-1] == "0 of 6 paths carried every expected variable (NCCL_ALGO not set in this shell: see the warning)"
+    assert all(len(l) <= 100 for l in out.splitlines() if not l.startswith("      "))
+
+    cp = cli("check-env", "--propagation", "--no-torchrun", "--expect", "NCCL_ALGO=Ring", env=clean_env(NCCL_ALGO="Ring"))
+    assert cp.returncode == 0 and "warning" not in cp.stdout
+    lines = cp.stdout.splitlines()
+    assert lines[-1] == "6 of 6 paths carried every expected variable"
+    fs = next(l for l in lines if l.startswith("  ok   multiprocessing forkserver"))
+    assert fs.endswith("every expected variable arrived; lost LATE")  # the fork server froze its environment
+    cp_ = next(l for l in lines if l.startswith("  ok   subprocess env=os.environ.copy()"))
+    assert cp_.endswith("lost LATE, PUTENV")
+
+
+def test_explain_no_run_on_a_gloo_run_says_gloo_never_loads_nccl(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "tests" / "fixtures" / "runs" / "cpu-aa-a", run)
+    for args in (("explain", "--no-run", run), ("explain", run)):
+        cp = run_cli(*args)
+        assert cp.returncode == 2, cp.stdout
+        assert "backend 'gloo', which never loads NCCL, so NCCL settings have no effect" in cp.stderr
+        assert "run  commdiag explain" not in cp.stderr  # no suggestion of a command that refuses gloo
+        assert cp.stderr.count("\n") == 1
+
+
+def test_detect_explains_a_shadowed_sitecustomize_like_doctor(tmp_path):
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (site / "sitecustomize.py").write_text("A = 1\n")
+    (extra / "sitecustomize.py").write_text("B = 1\n")
+    (site / "extra.pth").write_text(f"{extra}\n")  # appended to sys.path: after site-packages, so shadowed
+    cp = run_cli("detect", "--python", py)
+    lines = cp.stdout.splitlines()
+    at = lines.index(f"    SHADOWED (will not load): {extra / 'sitecustomize.py'}")
+    explained = []
+    for l in lines[at + 1:]:
+        if not l.startswith("      "):
+            break
+        explained.append(l)
+    block = " ".join(l.strip() for l in explained)
+    assert lines[at + 1].startswith("      why: `import sitecustomize` in")
+    assert "Python runs only the first one it finds" in block
+    assert f"do: commdiag install-hook --python {py} (it installs a .pth hook" in " ".join(block.split())
+    assert all(len(l) <= 100 for l in explained if " " in l.strip())  # a lone long path may stand alone
+    rep = json.loads(run_cli("doctor", "--json", "--python", py).stdout)
+    f = next(f for f in rep["findings"] if f["check"] == f"hooks {py}" and f["severity"] == "warning")
+    assert "Python runs only the first one it finds" in f["evidence"]
+    assert f["action"].startswith(f"use `commdiag install-hook --python {py}`")
+
+
+def test_detect_says_why_the_topology_is_missing_once():
+    cp = run_cli("detect")
+    if "Topology: unavailable: " not in cp.stdout:
+        pytest.skip("this machine has NVML: the topology is available")
+    reason = cp.stdout.split("Topology: unavailable: ", 1)[1].splitlines()[0]
+    assert cp.stdout.count(reason) == 1
+    assert "topology checks (NVLink/PCIe, P2P, LL128, NVLS) are skipped; the rest works" in cp.stdout
