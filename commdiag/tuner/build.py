@@ -1,0 +1,132 @@
+"""Building commdiag's tuner plugin on the user's machine with the system C compiler.
+
+Owns: compiling ``commdiag_tuner.c`` (shipped as package data beside this file) into
+``OUT_DIR/libnccl-tuner-commdiag.so`` and checking that the result exports the tuner symbols
+NCCL looks for.  Writes that one file, atomically (a temporary file in OUT_DIR, renamed over
+the target): a process that already has the old library loaded keeps its mapping intact,
+where writing in place would change code under a running NCCL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CommdiagError, terminal_safe
+
+LIBRARY_NAME = "libnccl-tuner-commdiag.so"
+SOURCE = Path(__file__).resolve().parent / "commdiag_tuner.c"
+HEADER = SOURCE.parent / "commdiag_tuner_api.h"
+# Newest first: the symbol each NCCL release looks for first is in commdiag_tuner_api.h.
+SYMBOLS = ("ncclTunerPlugin_v6", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3",
+           "ncclTunerPlugin_v2")
+# -fvisibility=hidden: only the five plugin structs and commdiag_tuner_check are exported.
+CFLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror")
+# A compile of one 600-line file takes well under a second; a compiler stuck for two minutes is broken.
+COMPILE_TIMEOUT_S = 120
+# NCCL copies NCCL_TUNER_PLUGIN into a 255-byte buffer (MAX_STR_LEN, src/plugin/plugin_open.cc) and
+# would dlopen a truncated path.
+NCCL_MAX_PLUGIN_PATH = 254
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    library: Path
+    compiler: str
+    symbols: tuple[str, ...]
+
+    def env(self, rules: Path | None = None) -> dict[str, str]:
+        """The variables a process needs to load the plugin (absolute paths)."""
+        return {"NCCL_TUNER_PLUGIN": str(self.library),
+                "NCCL_TUNER_CONFIG_FILE": str(Path(rules).resolve()) if rules else "<rules file, docs/tuner.md>"}
+
+    def to_json(self, rules: Path | None = None) -> dict:
+        return {"format": "commdiag-tuner-build", "version": 1, "library": str(self.library),
+                "compiler": self.compiler, "symbols": list(self.symbols), "env": self.env(rules)}
+
+
+def find_compiler() -> list[str]:
+    """``$CC`` (split like a shell would) or ``cc``, resolved on PATH; a CommdiagError if there is none."""
+    argv = shlex.split(os.environ.get("CC", "")) or ["cc"]
+    path = shutil.which(argv[0])
+    if path is None:
+        raise CommdiagError(
+            f"no C compiler: '{terminal_safe(argv[0])}' is not on PATH "
+            "(install one: Debian/Ubuntu 'apt-get install gcc', RHEL/Fedora 'dnf install gcc'; or set CC)")
+    return [path, *argv[1:]]
+
+
+def build(out_dir: str | Path = ".") -> Path:
+    """Compile the plugin into ``out_dir`` (created if missing); returns the library's absolute path."""
+    return build_result(out_dir).library
+
+
+def build_result(out_dir: str | Path = ".") -> BuildResult:
+    from ..atomic import check_target
+
+    compiler = find_compiler()
+    out_dir = Path(out_dir).expanduser().resolve()
+    target = out_dir / LIBRARY_NAME
+    if len(str(target)) > NCCL_MAX_PLUGIN_PATH:
+        raise CommdiagError(f"{target}: path longer than {NCCL_MAX_PLUGIN_PATH} characters; NCCL would load a "
+                            "truncated NCCL_TUNER_PLUGIN (choose a shorter --out)")
+    for f in (SOURCE, HEADER):
+        if not f.is_file():
+            raise CommdiagError(f"{f}: missing from the commdiag package (reinstall commdiag)")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CommdiagError(f"{out_dir}: cannot create: {e.strerror or e}") from None
+    check_target(target)  # refuses a symlink, a device, a directory where the library goes
+
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{LIBRARY_NAME}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        argv = [*compiler, *CFLAGS, "-o", tmp, str(SOURCE)]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise CommdiagError(f"{compiler[0]}: no result after {COMPILE_TIMEOUT_S} s compiling {SOURCE}") from None
+        except OSError as e:
+            raise CommdiagError(f"{compiler[0]}: cannot run: {e.strerror or e}") from None
+        if proc.returncode != 0:
+            detail = terminal_safe((proc.stderr or proc.stdout).strip())[-2000:]
+            raise CommdiagError(f"{compiler[0]} failed (exit {proc.returncode}) compiling {SOURCE}:\n{detail}")
+        os.chmod(tmp, 0o755)
+        symbols = exported_symbols(Path(tmp))
+        missing = [s for s in SYMBOLS if s not in symbols]
+        if missing:
+            raise CommdiagError(f"{tmp}: built, but does not export {', '.join(missing)}")
+        check_target(target)
+        os.replace(tmp, target)
+        tmp = None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return BuildResult(target, " ".join(compiler), symbols)
+
+
+def exported_symbols(library: Path) -> tuple[str, ...]:
+    """Which of ``SYMBOLS`` the library exports (dlopen + dlsym, as NCCL does), newest first."""
+    try:
+        lib = ctypes.CDLL(str(library), mode=os.RTLD_LOCAL)
+    except OSError as e:
+        raise CommdiagError(f"{library}: does not load: {e}") from None
+    found = []
+    for name in SYMBOLS:
+        try:
+            ctypes.c_void_p.in_dll(lib, name)
+            found.append(name)
+        except ValueError:
+            pass
+    return tuple(found)
