@@ -452,5 +452,28 @@ def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit,
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
 
 
+@main.group("tuner", short_help="commdiag's NCCL tuner plugin: per-size algorithm/protocol rules.")
+def tuner_group() -> None:
+    """commdiag's NCCL tuner plugin: stock NCCL applies per-size algorithm/protocol rules from a file
+    (docs/tuner.md).  Building it needs a C compiler (cc)."""
+
+
+@tuner_group.command("build", short_help="Compile the plugin with cc; print the env lines that load it.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True,
+              help="Folder for libnccl-tuner-commdiag.so (created if missing).")
+@click.option("--rules", "rules_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="A rules file to check (as the plugin reads it) and name in NCCL_TUNER_CONFIG_FILE.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def tuner_build_cmd(out_dir, rules_path, as_json):
+    """Compile commdiag's tuner plugin with the system C compiler (cc, or $CC) and print the lines
+    that make NCCL load it: NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE, absolute paths."""
+    from .tuner import build, rules
+
+    n_rules = len(rules.load(rules_path)) if rules_path is not None else None
+    res = build.build_result(out_dir)
+    click.echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules))
+    sys.exit(errors.EXIT_OK)
+
+
 if __name__ == "__main__":
     main()

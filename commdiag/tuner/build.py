@@ -130,3 +130,17 @@ def exported_symbols(library: Path) -> tuple[str, ...]:
         except ValueError:
             pass
     return tuple(found)
+
+
+def render(result: BuildResult, rules: Path | None = None, n_rules: int | None = None) -> str:
+    """The text ``commdiag tuner build`` prints: the library, then the lines to put in every rank's environment."""
+    short = " ".join(s.rsplit("_", 1)[1] for s in result.symbols)
+    out = [f"built {result.library}", f"  compiler {result.compiler}; exports ncclTunerPlugin_{{{short}}}"]
+    if rules is not None:
+        out.append(f"  rules {Path(rules).resolve()}: {n_rules} rule{'s' if n_rules != 1 else ''}, as the plugin reads it")
+    out.append("Set in every rank's environment:")
+    out += [f"  {k}={shlex.quote(v) if rules or k != 'NCCL_TUNER_CONFIG_FILE' else v}"
+            for k, v in result.env(rules).items()]
+    out.append("To see it load and which rule fired (docs/tuner.md, 'Proof'):")
+    out.append("  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING")
+    return "\n".join(out)

@@ -229,8 +229,8 @@ static int ct_parse_line(int lineNo, char* text, size_t len, ct_rule_t* r, int* 
     size_t h = strlen(CT_HEADER);
     if (len >= h && strncmp(text, CT_HEADER, h) == 0) {
       if (strcmp(text + h, CT_FORMAT_VERSION) == 0) return 1;
-      snprintf(err, errLen, "format version '%.20s' not supported (this plugin reads %s; rebuild it with "
-                            "'commdiag tuner build')", text + h, CT_FORMAT_VERSION);
+      snprintf(err, errLen, "format version '%.20s' not supported (this commdiag reads %s: upgrade "
+                            "commdiag and rebuild the plugin)", text + h, CT_FORMAT_VERSION);
       return 0;
     }
     snprintf(err, errLen, "first line must be '%s%s'", CT_HEADER, CT_FORMAT_VERSION);

@@ -155,7 +155,7 @@ def parse_bytes(data: bytes, path: str = "<rules>") -> list[Rule]:
                 if line[len(head):] == str(FORMAT_VERSION).encode():
                     continue
                 raise RulesError(path, 1, f"format version '{_text(line[len(head):], 20)}' not supported (this "
-                                          f"plugin reads {FORMAT_VERSION}; rebuild it with 'commdiag tuner build')")
+                                          f"commdiag reads {FORMAT_VERSION}: upgrade commdiag and rebuild the plugin)")
             raise RulesError(path, 1, f"first line must be '{HEADER}{FORMAT_VERSION}'")
         body = line.lstrip(b" \t")
         if not body or body.startswith(b"#"):
