@@ -180,3 +180,17 @@ def test_error_messages_are_terminal_safe():
         assert r.exit_code == 2 and "\x1b" not in r.output and "\\x1b]0;pwned\\x07" in r.output
     finally:
         cli.main.commands.pop("_esc")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "chardev", "socket"])
+def test_sweep_out_at_a_special_file_is_one_error(tmp_path, kind):
+    from conftest import write_spec
+
+    make, _ = KINDS[kind]
+    target = make(tmp_path / "out")
+    spec = write_spec(tmp_path / "s.yaml")
+    before = _state(tmp_path)
+    r = run_cli("sweep", spec, "--out", target, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert str(target) in r.stderr
+    assert _state(tmp_path) == before
