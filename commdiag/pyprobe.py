@@ -32,6 +32,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -316,6 +317,7 @@ def _end_group(proc: subprocess.Popen) -> None:
 
 
 # What the probe script replies, by key: checked before use (the reply comes from the target).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _REPLY = {"executable": (str, type(None)), "version": (str,), "prefix": (str,), "base_prefix": (str,),
           "sys_path": (list,), "site_packages": (list,), "user_site": (str, type(None)),
           "user_site_enabled": (bool, type(None)), "sitecustomize": (str, type(None)),
@@ -333,6 +335,13 @@ def _check_reply(raw: dict, exe: str) -> None:
                                 f"{brief(v)}); is this a Python 3.8+ interpreter?")
     if not isinstance(raw.get("flags", {}), dict):
         raise CommdiagError(f"{exe}: probe reply is not what commdiag's probe script sends (flags)")
+    for key in _REPLY:  # paths with terminal escapes are printed by detect and used by install-hook
+        v = raw.get(key)
+        for x in (v if isinstance(v, list) else [v]):
+            for text in (x if isinstance(x, list) else [x]):
+                if isinstance(text, str) and _CONTROL.search(text):
+                    raise CommdiagError(f"{exe}: probe reply has control characters in {key} ({brief(text)}); "
+                                        "commdiag will not print or use such a path")
 
 
 def _disabled_by(flags: list[str], raw: dict) -> list[str]:

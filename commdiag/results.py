@@ -37,6 +37,7 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,9 @@ def load_run_json(run_dir: str | Path) -> dict:
     return run
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def _int(v, minimum: int = 0) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
 
@@ -116,6 +120,8 @@ def _check_shape(run: dict, path: Path) -> None:
     for i, c in enumerate(configs):
         if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("env"), dict):
             raise bad(f"configs[{i}]", "not {name: string, env: mapping}")
+        if _CONTROL.search(c["name"]):  # a spec never allows it; printed to terminals and reports
+            raise bad(f"configs[{i}].name", f"{brief(c['name'])} contains control characters")
         names.add(c["name"])
     if not isinstance(launches, list):
         raise bad("launches", "not a list")

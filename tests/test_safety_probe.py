@@ -6,7 +6,10 @@ The "interpreters" are small executable scripts in tmp_path that answer the prob
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -48,6 +51,18 @@ def test_bad_replies_are_one_error(tmp_path, reply, words):
     with pytest.raises(CommdiagError, match=words) as e:
         probe(exe, cross_check=False)
     assert len(str(e.value)) < 500
+
+
+def test_a_reply_with_terminal_escapes_in_a_path_is_refused(tmp_path):
+    real = subprocess.run([sys.executable, "-S", "-c", pyprobe._PROBE], capture_output=True, text=True,
+                          timeout=60).stdout
+    line = next(l for l in real.splitlines() if l.startswith(MARK))
+    data = json.loads(line[len(MARK):])
+    data["sys_path"].append("/opt/\x1b]0;pwned\x07")
+    (tmp_path / "reply.txt").write_text(MARK + json.dumps(data) + "\n")
+    exe = script(tmp_path, f"#!/bin/sh\ncat {tmp_path / 'reply.txt'}\n")
+    with pytest.raises(CommdiagError, match="control characters in sys_path"):
+        probe(exe, cross_check=False)
 
 
 def test_no_shebang_and_missing_interpreter_are_named(tmp_path):

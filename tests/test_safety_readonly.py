@@ -153,6 +153,7 @@ CORRUPTIONS = {
     "config_unknown": lambda run: _j(run, lambda d: d["launches"][0].update(config="nope")),
     "configs_not_list": lambda run: _j(run, lambda d: d.update(configs={"x": 1})),
     "config_no_env": lambda run: _j(run, lambda d: d["configs"][0].pop("env")),
+    "config_escape": lambda run: _j(run, lambda d: d["configs"][1].update(name="a\x1b]0;pwned\x07")),
     "sizes_missing": lambda run: _j(run, lambda d: d["spec"].pop("sizes")),
     "size_bad": lambda run: _j(run, lambda d: d["spec"].update(sizes=[{"bytes": "x"}])),
     "world_size_str": lambda run: _j(run, lambda d: d.update(world_size="two")),
