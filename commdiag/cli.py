@@ -452,7 +452,7 @@ def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit,
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
 
 
-@main.group("tuner", short_help="commdiag's NCCL tuner plugin: per-size algorithm/protocol rules.")
+@main.group("tuner", short_help="NCCL tuner plugin: per-size algorithm/protocol rules.")
 def tuner_group() -> None:
     """commdiag's NCCL tuner plugin: stock NCCL applies per-size algorithm/protocol rules from a file
     (docs/tuner.md).  Building it needs a C compiler (cc)."""
