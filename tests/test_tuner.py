@@ -12,7 +12,6 @@ import ctypes
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 from ctypes import CFUNCTYPE, POINTER, Structure, byref, c_char_p, c_float, c_int, c_size_t, c_uint64, c_ulong, c_void_p
@@ -130,7 +129,9 @@ class Comm:
 
 @pytest.fixture(scope="module")
 def lib_path(tmp_path_factory) -> Path:
-    if shutil.which(os.environ.get("CC", "cc").split()[0] if os.environ.get("CC") else "cc") is None:
+    try:
+        build.find_compiler()
+    except CommdiagError:
         pytest.skip("no C compiler")
     return build.build(tmp_path_factory.mktemp("tuner"))
 

@@ -27,7 +27,8 @@ HEADER = SOURCE.parent / "commdiag_tuner_api.h"
 SYMBOLS = ("ncclTunerPlugin_v6", "ncclTunerPlugin_v5", "ncclTunerPlugin_v4", "ncclTunerPlugin_v3",
            "ncclTunerPlugin_v2")
 # -fvisibility=hidden: only the five plugin structs and commdiag_tuner_check are exported.
-CFLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror")
+# -std=c99: the source is C99; older compilers (gcc < 5) default to gnu89 and would refuse it.
+CFLAGS = ("-std=c99", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror")
 # A compile of one 600-line file takes well under a second; a compiler stuck for two minutes is broken.
 COMPILE_TIMEOUT_S = 120
 # NCCL copies NCCL_TUNER_PLUGIN into a 255-byte buffer (MAX_STR_LEN, src/plugin/plugin_open.cc) and

@@ -19,7 +19,7 @@
  *    that cell (cost < 0); otherwise NCCL's choice stands and the reason is logged.
  *  - State is per communicator (the context init returns); the exported structs are const.
  *
- * Built by commdiag/tuner/build.py: cc -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror.
+ * Built by commdiag/tuner/build.py: cc -std=c99 -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror.
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -154,4 +154,8 @@ typedef struct {
   ct_result_t (*destroy)(void* ctx);
 } ct_tuner_v2_t;
 
+/* commdiag's own export, not part of NCCL's ABI: parse a rules file as init does and write the
+ * canonical rules (or "error: WHY") into out; returns the rule count or -1 (commdiag_tuner.c). */
+int commdiag_tuner_check(const char* path, char* out, size_t outLen);
+
 #endif
