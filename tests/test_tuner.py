@@ -293,7 +293,8 @@ def test_every_abi_version_applies_the_rules(lib, rules_file):
         assert t[ALGO["ring"]][PROTO["ll128"]] == 0.0 and n == 8, version
         c.finalize()
     v2 = Comm(lib, version=2)
-    assert v2.coll("allreduce", 3 << 20) == (ALGO["ring"], PROTO["ll128"], 8)
+    # v2 has no cost table: NCCL's adapter may drop the pair silently, so the rule's channels are not set
+    assert v2.coll("allreduce", 3 << 20) == (ALGO["ring"], PROTO["ll128"], 0)
     assert v2.coll("allgather", 3 << 20) == (-1, -1, 0)  # unmatched: NCCL decides everything
     v2.finalize()
 

@@ -416,8 +416,8 @@ static void ct_log_outcome(ct_ctx_t* ctx, ct_rule_t* r, int coll, size_t nBytes,
     case CT_REQUESTED:
       ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_TUNING, __LINE__,
              "commdiag-tuner: rule line %d applied: %s nBytes=%zu regBuff=%d -> algo=%s proto=%s channels=%d "
-             "(ABI v2: NCCL keeps its choice if it disabled this pair)", r->line, kCollNames[coll], nBytes, regBuff,
-             a, p, r->channels);
+             "(ABI v2: channels not set; NCCL keeps its choice if it disabled this pair)", r->line, kCollNames[coll],
+             nBytes, regBuff, a, p, r->channels);
       break;
     case CT_REFUSED_IGNORED:
       ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_TUNING, __LINE__,
@@ -526,7 +526,9 @@ static ct_result_t ct_coll_info_v2(void* context, ct_func_t coll, size_t nBytes,
   if (r == NULL || algorithm == NULL || protocol == NULL) return ct_success;
   *algorithm = r->algo;
   *protocol = r->proto;
-  if (r->channels > 0 && nChannels != NULL) *nChannels = r->channels;
+  /* nChannels is left alone: NCCL's v2 adapter may drop the pair (ignored cell) without telling us,
+   * and the rule's channel count was measured for its own algo/proto, not for NCCL's fallback. */
+  (void)nChannels;
   ct_log_outcome(ctx, r, coll, nBytes, CT_REGBUFF_UNKNOWN, CT_REQUESTED, 0.0);
   return ct_success;
 }
