@@ -40,7 +40,8 @@ class _Group(click.Group):
     any other exception is one line naming what failed (exit 2), its traceback behind --debug.
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
-    ORDER = ("doctor", "sweep", "confirm", "report", "compare", "explain", "install-hook", "check-env", "detect")
+    ORDER = ("doctor", "sweep", "confirm", "report", "compare", "explain", "install-hook", "tuner", "check-env",
+             "detect")
 
     def list_commands(self, ctx):
         names = super().list_commands(ctx)

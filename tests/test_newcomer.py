@@ -52,6 +52,7 @@ def test_readme_first_screen_says_what_it_is_then_cpu_then_the_gpu_path():
 def test_readme_gpu_path_installs_against_the_torch_already_there():
     gpu = README.split("## On your GPU box", 1)[1].split("## Commands", 1)[0]
     assert "python3 -m venv --system-site-packages .venv && .venv/bin/pip install -e ." in gpu
+    assert "`python3 -m pip install -e .`" in gpu  # torch in a venv: into that venv
     assert "torch==" not in gpu  # no torch pin on a GPU box
     order = ["commdiag doctor", "commdiag sweep sweeps/nvlink2-aa.yaml", "commdiag sweep sweeps/pcie8.yaml",
              "commdiag report reports/<run>", "install-hook --from reports/<run>", "commdiag.check_env("]
@@ -133,10 +134,16 @@ def test_readme_worker_check_works_from_the_folder_holding_the_clone(tmp_path):
 
 
 def test_help_lists_commands_in_workflow_order_with_whole_one_line_descriptions():
+    from commdiag.cli import _Group
+
     cp = run_cli("--help", env={"COLUMNS": "80"})
     assert cp.returncode == 0
     listing = cp.stdout.split("Commands:\n", 1)[1].splitlines()
-    assert [l.split()[0] for l in listing if l.strip()] == WORKFLOW
+    rows = [l for l in listing if re.match(r"  \S", l)]
+    names = [l.split()[0] for l in rows]
+    assert [n for n in names if n in WORKFLOW] == WORKFLOW  # the workflow's commands in its order
+    assert names == [n for n in _Group.ORDER if n in names] + sorted(n for n in names if n not in _Group.ORDER)
+    assert len(rows) == len(listing)  # every description is whole on one line: nothing wrapped or cut
     for l in listing:
         assert "..." not in l and len(l) <= 80, l
     assert all(len(l) <= 80 for l in cp.stdout.splitlines())
