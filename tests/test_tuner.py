@@ -135,7 +135,7 @@ def lib_path(tmp_path_factory) -> Path:
         build.find_compiler()
     except CommdiagError:
         pytest.skip("no C compiler")
-    return build.build(tmp_path_factory.mktemp("tuner"))
+    return build.build(tmp_path_factory.mktemp("tuner"), werror=True)  # the source stays warning-free
 
 
 @pytest.fixture(scope="module")
