@@ -80,7 +80,7 @@ def main(debug: bool) -> None:
       commdiag report reports/RUN               report.html and the verdicts
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
-    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (gloo, about a minute)."""
+    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (gloo, 2-3 minutes)."""
 
 
 def _fmt_s(seconds: float | None) -> str:
