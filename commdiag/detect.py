@@ -150,7 +150,7 @@ def shadowing(h: pyprobe.PythonHooks, shadowed: str) -> tuple[str, str, str]:
             "that loads")
 
 
-def _wrapped(label: str, text: str, indent: str) -> list[str]:
+def wrapped(label: str, text: str, indent: str) -> list[str]:
     """``label text`` wrapped to 100 columns, continuation lines aligned under the text."""
     import textwrap
 
@@ -173,11 +173,12 @@ def render(d: Detection) -> str:
         for s in h.shadowed_sitecustomize:
             lines.append(f"    SHADOWED (will not load): {s}")
             why, command, how = shadowing(h, s)
-            lines += _wrapped("why: ", why, "      ") + _wrapped("do:  ", f"{command} ({how})", "      ")
+            lines += wrapped("why: ", why, "      ") + wrapped("do:  ", f"{command} ({how})", "      ")
         lines.append(f"    usercustomize: {h.usercustomize or 'none'}   user site: {h.user_site} "
                      f"({'enabled' if h.user_site_enabled else 'disabled'})")
         for f, n, line in h.pth_exec:
-            lines.append(f"    .pth runs code: {f}:{n}: {line[:80]}{'...' if len(line) > 80 else ''}")
+            lines.append(f"    .pth runs code: {f}:{n}")
+            lines.append(f"      {line[:90]}{'...' if len(line) > 90 else ''}")
         if h.disabled_by:
             lines.append(f"    disabled by: {', '.join(h.disabled_by)}")
         lines.append(f"    site-packages: {', '.join(h.site_packages) or 'none'}")
@@ -196,7 +197,8 @@ def render(d: Detection) -> str:
         lines.append("")
         lines += ["  " + l for l in t.matrix().splitlines()]
         lines.append("")
-        lines += [f"  NCCL_P2P_LEVEL: {a}" for a in t.advice]
+        for a in t.advice:
+            lines += wrapped("NCCL_P2P_LEVEL: ", a, "  ")
     lines.append("")
     v = d.versions
     lines.append("Versions: " + ", ".join(f"{k} {v[k]}" for k in ("driver", "cuda_driver", "nccl", "torch", "python")

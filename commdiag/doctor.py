@@ -158,10 +158,11 @@ def render(r: DoctorReport) -> str:
     lines = []
     for f in r.findings:
         lines.append(f"[{f.severity.upper():8}] {f.check}: {f.title}")
+        # wrapped to 100 columns; a path longer than a line stays whole
         if f.evidence and f.severity != "ok":
-            lines.append(f"           evidence: {f.evidence}")
+            lines += detect_mod.wrapped("evidence: ", f.evidence, " " * 11)
         if f.action and f.severity != "ok":
-            lines.append(f"           do: {f.action}")
+            lines += detect_mod.wrapped("do: ", f.action, " " * 11)
     bad = sum(1 for f in r.findings if SEVERITY[f.severity] >= 2)
     lines.append(f"\n{'healthy' if r.healthy else f'UNHEALTHY: {bad} finding(s) need attention'} "
                  f"({len(r.findings)} checks)")

@@ -254,3 +254,15 @@ def test_detect_says_why_the_topology_is_missing_once():
     reason = cp.stdout.split("Topology: unavailable: ", 1)[1].splitlines()[0]
     assert cp.stdout.count(reason) == 1
     assert "topology checks (NVLink/PCIe, P2P, LL128, NVLS) are skipped; the rest works" in cp.stdout
+
+
+def test_doctor_and_detect_text_fits_100_columns():
+    rec = REPO / "tests" / "fixtures" / "h200x2-nvlink" / "nvml-readings.json"
+    for args in (("doctor", "--nvml-replay", rec, "--expect", "NCCL_PROTO=LL"), ("detect", "--nvml-replay", rec)):
+        cp = cli(*args, env=clean_env())
+        # a single path longer than a line is left whole; everything with a space in it is wrapped
+        long = [l for l in cp.stdout.splitlines() if len(l) > 100 and " " in l.strip()]
+        assert not long, long
+    doc = cli("doctor", "--nvml-replay", rec, "--expect", "NCCL_PROTO=LL", env=clean_env()).stdout.splitlines()
+    at = next(n for n, l in enumerate(doc) if l.startswith("           do: export it where the workers start"))
+    assert doc[at + 1].startswith("               ")  # continuation aligned under the text
