@@ -288,8 +288,9 @@ def _envelope(fmt: str, body: dict) -> str:
 
 def _var_line(v) -> str:
     exp = "-" if v.expected is None else v.expected
-    return (f"  {v.status.upper():10} {v.name:24} expected={exp!s:12} environ={v.environ!s:12} getenv={v.getenv!s:12}"
-            + (f"  {v.detail}" if v.detail and v.status != "ok" else ""))
+    line = f"  {v.status.upper():10} {v.name:24} expected={exp!s:12} environ={v.environ!s:12} getenv={v.getenv!s}"
+    # the detail on its own line: the row stays within 100 columns for ordinary values
+    return line.rstrip() + (f"\n             {v.detail}" if v.detail and v.status != "ok" else "")
 
 
 @main.command("check-env", short_help="Did the NCCL settings arrive in this process (or children)?")

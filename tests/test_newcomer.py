@@ -266,3 +266,11 @@ def test_doctor_and_detect_text_fits_100_columns():
     doc = cli("doctor", "--nvml-replay", rec, "--expect", "NCCL_PROTO=LL", env=clean_env()).stdout.splitlines()
     at = next(n for n, l in enumerate(doc) if l.startswith("           do: export it where the workers start"))
     assert doc[at + 1].startswith("               ")  # continuation aligned under the text
+
+
+def test_check_env_rows_fit_100_columns_with_the_detail_below():
+    cp = cli("check-env", "--expect", "NCCL_PROTO=LL", "--expect", "NCCL_ALGO=Ring", env=clean_env(NCCL_ALGO="Tree"))
+    lines = cp.stdout.splitlines()
+    assert cp.returncode == 1 and all(len(l) <= 100 for l in lines)
+    at = next(n for n, l in enumerate(lines) if l.startswith("  MISMATCH   NCCL_ALGO"))
+    assert lines[at + 1] == "             expected 'Ring', got 'Tree'"
