@@ -274,3 +274,33 @@ def test_check_env_rows_fit_100_columns_with_the_detail_below():
     assert cp.returncode == 1 and all(len(l) <= 100 for l in lines)
     at = next(n for n, l in enumerate(lines) if l.startswith("  MISMATCH   NCCL_ALGO"))
     assert lines[at + 1] == "             expected 'Ring', got 'Tree'"
+
+
+def test_readme_gpu_path_commands_parse():
+    """Every commdiag command line of the GPU path names a real command and options it has; sweep specs load."""
+    from commdiag import spec as spec_mod
+
+    gpu = README.split("## On your GPU box", 1)[1].split("## Commands", 1)[0]
+    found = re.findall(r"(?:^|[`\s])(?:sudo \"\$\(command -v commdiag\)\"|commdiag) ((?:[a-z-]+)(?: [^`#\n]*)?)", gpu,
+                       re.M)
+    from commdiag.cli import main
+
+    helps = {}
+    seen = set()
+    for cmd in found:
+        words = cmd.split()
+        sub = words[0]
+        if sub not in main.commands:  # prose such as "commdiag into that venv"
+            continue
+        if sub not in helps:
+            cp = run_cli(sub, "--help")
+            assert cp.returncode == 0, (sub, cp.stderr)
+            helps[sub] = cp.stdout
+        for w in words[1:]:
+            if w.startswith("--"):
+                assert w in helps[sub], (sub, w)
+        if sub == "sweep" and words[1].endswith(".yaml"):
+            sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+            spec_mod.load_spec(REPO / words[1], sets)
+        seen.add(sub)
+    assert {"doctor", "sweep", "report", "explain", "install-hook"} <= seen, seen
