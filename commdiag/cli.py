@@ -15,8 +15,14 @@ import click
 from . import __version__, errors
 
 
+def _echo(message="", err: bool = False, nl: bool = True) -> None:
+    """Every line commdiag prints: control characters (OSC titles, clear screen, cursor moves) from
+    config names, environment values, paths or a hostile interpreter's output are shown, never obeyed."""
+    click.echo(errors.terminal_safe(message), err=err, nl=nl)
+
+
 def _fail(e: errors.CommdiagError) -> None:
-    click.echo(f"commdiag: error: {errors.terminal_safe(e)}", err=True)
+    _echo(f"commdiag: error: {errors.terminal_safe(e)}", err=True)
     sys.exit(e.exit_code)
 
 
@@ -55,12 +61,12 @@ class _Group(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
             raise
         except KeyboardInterrupt:
-            click.echo("commdiag: interrupted", err=True)
+            _echo("commdiag: interrupted", err=True)
             sys.exit(errors.EXIT_INTERRUPTED)
         except Exception as e:
             if ctx.params.get("debug"):
                 raise
-            click.echo(_unexpected(e, ctx.invoked_subcommand), err=True)
+            _echo(_unexpected(e, ctx.invoked_subcommand), err=True)
             sys.exit(errors.EXIT_USAGE)
 
 
@@ -133,8 +139,8 @@ def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_si
     if resume is None:
         spec = spec_mod.load_spec(spec_file, sets)
         for w in spec.warnings:
-            click.echo(f"commdiag: warning: {w}", err=True)
-    progress = None if as_json else (lambda p: click.echo(_progress_line(p), err=True))
+            _echo(f"commdiag: warning: {w}", err=True)
+    progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
     res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
                               confirm=not no_confirm, certify_sizes=certify_sizes)
     if explain and res.state == "complete":
@@ -146,7 +152,7 @@ def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_si
 
 def _print_plan(plan) -> None:
     for line in plan.lines:
-        click.echo(line, err=True)
+        _echo(line, err=True)
 
 
 def _finish_run(res, as_json: bool) -> None:
@@ -157,23 +163,23 @@ def _finish_run(res, as_json: bool) -> None:
     # Verdicts, report and profiles need every launch: an interrupted run has none of them yet.
     pub = report.publish(res.run_dir) if res.state == "complete" else None
     if as_json:
-        click.echo(json.dumps({"format": "commdiag-sweep-result", "version": 2, "run_dir": str(res.run_dir),
+        _echo(json.dumps({"format": "commdiag-sweep-result", "version": 2, "run_dir": str(res.run_dir),
                                "state": res.state, "launches": res.counts,
                                "summary": json.loads(data.summary.to_json(orient="records")),
                                "verdicts": pub.verdicts.to_json() if pub else None,
                                "report": str(pub.report) if pub else None,
                                "profiles": [str(res.run_dir / p) for p in pub.profiles] if pub else []}, indent=1))
     else:
-        click.echo(render_table(data.summary))
+        _echo(render_table(data.summary))
         if pub:
-            click.echo("\n" + report.render_verdicts(pub.verdicts))
-            click.echo(f"\nreport: {pub.report}")
-            click.echo("profiles: " + (", ".join(str(res.run_dir / p) for p in pub.profiles) if pub.profiles
+            _echo("\n" + report.render_verdicts(pub.verdicts))
+            _echo(f"\nreport: {pub.report}")
+            _echo("profiles: " + (", ".join(str(res.run_dir / p) for p in pub.profiles) if pub.profiles
                                        else "none (no certified winner: keep NCCL defaults)"))
-        click.echo(f"\nrun folder: {res.run_dir}   launches: "
+        _echo(f"\nrun folder: {res.run_dir}   launches: "
                    + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
         if res.state == "interrupted":
-            click.echo("interrupted: no verdicts, report or profile from a partial run; continue with  "
+            _echo("interrupted: no verdicts, report or profile from a partial run; continue with  "
                        f"commdiag sweep --resume {res.run_dir}")
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
@@ -190,7 +196,7 @@ def confirm_cmd(run_dir, rounds, as_json):
     """Stage 2 on an existing run: confirm the screening's candidates on fresh launches (or finish or extend it)."""
     from . import sweep as sweep_mod
 
-    progress = None if as_json else (lambda p: click.echo(_progress_line(p), err=True))
+    progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
     res = sweep_mod.run_confirm(run_dir, rounds=rounds, on_progress=progress, on_plan=_print_plan)
     _finish_run(res, as_json)
 
@@ -213,9 +219,9 @@ def explain_cmd(run_dir, as_json, no_run):
     else:
         data = explain_mod.run_explain(run_dir)
     if as_json:
-        click.echo(json.dumps({"format": "commdiag-explain", "version": 1, **data}, indent=1))
+        _echo(json.dumps({"format": "commdiag-explain", "version": 1, **data}, indent=1))
     else:
-        click.echo(explain_mod.render(data, run["spec"]["sizes"]))
+        _echo(explain_mod.render(data, run["spec"]["sizes"]))
 
 
 @main.command("report", short_help="Write a run's HTML report and print its verdicts.")
@@ -232,11 +238,11 @@ def report_cmd(run_dir, out, as_json):
         check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
     path, verdicts = report.write_report(run_dir, out)
     if as_json:
-        click.echo(json.dumps({"format": "commdiag-verdicts", "version": 2, "run_dir": str(run_dir),
+        _echo(json.dumps({"format": "commdiag-verdicts", "version": 2, "run_dir": str(run_dir),
                                "report": str(path), "verdicts": verdicts.to_json()}, indent=1))
     else:
-        click.echo(report.render_verdicts(verdicts))
-        click.echo(f"\nreport: {path}")
+        _echo(report.render_verdicts(verdicts))
+        _echo(f"\nreport: {path}")
 
 
 @main.command("compare", short_help="Did run B change against run A, beyond launch noise?")
@@ -256,11 +262,11 @@ def compare_cmd(run_a, run_b, as_json, html_out):
     if html_out:
         write_text(html_out, compare.build_html(res))
     if as_json:
-        click.echo(json.dumps(res.to_json(), indent=1))
+        _echo(json.dumps(res.to_json(), indent=1))
     else:
-        click.echo(compare.render_text(res))
+        _echo(compare.render_text(res))
         if html_out:
-            click.echo(f"\nhtml: {html_out}")
+            _echo(f"\nhtml: {html_out}")
 
 
 def render_table(summary) -> str:
@@ -318,40 +324,40 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
     if nccl:
         r = envcheck.check_nccl(expect, profile=profile_path, nproc=nproc, conf_root=conf_root)
         if as_json:
-            click.echo(_envelope("check-env-nccl", r.to_json()))
+            _echo(_envelope("check-env-nccl", r.to_json()))
         else:
-            click.echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV), {envcheck.describe_expectation(r.source)}:")
+            _echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV), {envcheck.describe_expectation(r.source)}:")
             if r.debug_note:
-                click.echo(f"  note: {r.debug_note}")
+                _echo(f"  note: {r.debug_note}")
             for rank in r.ranks:
-                click.echo(f" rank {rank.rank if rank.rank is not None else '?'} pid {rank.pid} GPU {rank.device} "
+                _echo(f" rank {rank.rank if rank.rank is not None else '?'} pid {rank.pid} GPU {rank.device} "
                            f"NCCL {rank.version}: {'ok' if rank.ok else 'FAIL'}")
                 for c in rank.checks:
-                    click.echo(f"  {c.status.upper():11} {c.name:24} expected={c.expected!s:12} applied={c.getenv!s}")
+                    _echo(f"  {c.status.upper():11} {c.name:24} expected={c.expected!s:12} applied={c.getenv!s}")
             if not r.ranks:
-                click.echo(f"  NCCL printed no ENV lines (exit {r.exit_code}):\n{r.log_tail}")
+                _echo(f"  NCCL printed no ENV lines (exit {r.exit_code}):\n{r.log_tail}")
             for c in r.conf_files:
-                click.echo(f" config {c.path}: " + (", ".join(f"{k}={v}" for k, v in c.settings.items()) or "empty")
+                _echo(f" config {c.path}: " + (", ".join(f"{k}={v}" for k, v in c.settings.items()) or "empty")
                            if c.exists else f" config {c.path}: absent")
         sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
     if propagation:
         r = propagation_mod.check_propagation(expect, profile=profile_path, torchrun=not no_torchrun)
         if as_json:
-            click.echo(_envelope("check-env-propagation", r.to_json()))
+            _echo(_envelope("check-env-propagation", r.to_json()))
         else:
-            click.echo(propagation_mod.render(r))
+            _echo(propagation_mod.render(r))
         sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
     r = envcheck.check_env(expect, profile=profile_path, names=extra_vars, conf_root=conf_root)
     if as_json:
-        click.echo(_envelope("check-env", r.to_json()))
+        _echo(_envelope("check-env", r.to_json()))
     else:
-        click.echo(f"pid {r.pid} {r.executable}")
-        click.echo(envcheck.describe_expectation(r.source))
+        _echo(f"pid {r.pid} {r.executable}")
+        _echo(envcheck.describe_expectation(r.source))
         for v in r.vars:
-            click.echo(_var_line(v))
+            _echo(_var_line(v))
         if not r.vars:
-            click.echo("  no NCCL_* variables set, none expected")
-        click.echo("ok" if r.ok else f"FAIL: {len(r.failures)} variable(s) did not arrive as expected")
+            _echo("  no NCCL_* variables set, none expected")
+        _echo("ok" if r.ok else f"FAIL: {len(r.failures)} variable(s) did not arrive as expected")
     sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
 
 
@@ -377,7 +383,7 @@ def detect(pythons, nvml_replay, as_json):
     from . import detect as detect_mod
 
     d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay))
-    click.echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d))
+    _echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d))
     sys.exit(errors.EXIT_OK if d.ok else errors.EXIT_CHECK_FAILED)
 
 
@@ -395,7 +401,7 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
 
     r = doctor_mod.doctor(pythons, expect=envcheck.parse_assignments(expects), profile=profile_path,
                           nvml_readings=_load_readings(nvml_replay))
-    click.echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r))
+    _echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r))
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
 
 
@@ -437,7 +443,7 @@ def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit,
         if from_dir or profile_path or sets:
             expected = hook.resolve_settings(from_dir, profile_path, sets, force=True).values
         res = hook.status(python=python, flags=python_flags, root=root, expected=expected)
-        click.echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res))
+        _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res))
         sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
     if method is None:
         method = "none" if (systemd_unit or nccl_conf) and python is None else "auto"
@@ -450,7 +456,7 @@ def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit,
                            systemd_env_file=systemd_env_file, nccl_conf=nccl_conf, override=override, force=force,
                            root=root)
         res = hook.install(req, dry_run=dry_run, verify=not no_verify)
-    click.echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_install(res))
+    _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_install(res))
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
 
 
@@ -473,7 +479,7 @@ def tuner_build_cmd(out_dir, rules_path, as_json):
 
     n_rules = len(rules.load(rules_path)) if rules_path is not None else None
     res = build.build_result(out_dir)
-    click.echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules))
+    _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules))
     sys.exit(errors.EXIT_OK)
 
 

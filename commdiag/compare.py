@@ -210,11 +210,11 @@ def build_html(r: CompareResult) -> str:
         data = []
         for i, cfg in enumerate(dict.fromkeys(c.config for c in r.changes if c.mode == mode)):
             has = [c for c in r.changes if c.mode == mode and c.config == cfg and c.ratio is not None]
-            data.append({"type": "scatter", "mode": "lines+markers", "name": esc(cfg),
+            data.append({"type": "scatter", "mode": "lines+markers", "name": report.plot_text(cfg),
                          "x": [c.size_bytes for c in has], "y": [c.ratio for c in has],
                          "line": {"color": report.PALETTE[i % len(report.PALETTE)]},
-                         "text": [esc(c.label) for c in has],
-                         "hovertemplate": esc(cfg) + "<br>%{x} B: B/A %{y:.3f}<br>%{text}<extra></extra>"})
+                         "text": [report.plot_text(c.label) for c in has],
+                         "hovertemplate": report.plot_text(cfg) + "<br>%{x} B: B/A %{y:.3f}<br>%{text}<extra></extra>"})
         figs.append({"id": f"ratio-{mode}", "title": f"B / A per config ({mode})", "data": data,
                      "layout": report._layout(f"Time in B / time in A (Hodges-Lehmann), {mode} mode (1 = no change)",
                                               report._axis("size per rank (bytes)"), report._axis("B / A", log=True))})

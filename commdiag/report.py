@@ -56,6 +56,12 @@ def esc(value) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
+def plot_text(value) -> str:
+    """A plot label: plotly.js renders a subset of HTML in names and hover text, so < > & are escaped;
+    quotes are not (plotly shows &quot; literally, and there is no attribute for a quote to end)."""
+    return html.escape("" if value is None else str(value), quote=False)
+
+
 def fmt_bytes(n: int) -> str:
     for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= div:
@@ -99,11 +105,11 @@ def _tokens(v):
 
 
 def _axis(title: str, log: bool = True, **kw) -> dict:
-    return {"title": {"text": esc(title)}, "type": "log" if log else "linear", **kw}
+    return {"title": {"text": plot_text(title)}, "type": "log" if log else "linear", **kw}
 
 
 def _layout(title: str, x: dict, y: dict, **kw) -> dict:
-    return {"title": {"text": esc(title)}, "xaxis": x, "yaxis": y, "height": 480,
+    return {"title": {"text": plot_text(title)}, "xaxis": x, "yaxis": y, "height": 480,
             "margin": {"l": 70, "r": 20, "t": 50, "b": 60}, "hovermode": "closest",
             "legend": {"font": {"size": 11}}, **kw}
 
@@ -124,7 +130,7 @@ def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[sta
             rs = rows.get((mode, c), [])
             if not rs:
                 continue
-            name = esc(c)
+            name = plot_text(c)
             xs = [int(r.size_bytes) for r in rs]
             lat.append({"type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": name,
                         "x": xs, "y": [r.median_us for r in rs], "line": {"color": color[c]},
@@ -157,10 +163,10 @@ def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[sta
             e = {int(r.size_bytes): r.median_us for r in rows.get((eager_mode, c), [])}
             xs = sorted(set(g) & set(e))
             if xs:
-                over.append({"type": "scatter", "mode": "lines+markers", "name": esc(c), "x": xs,
+                over.append({"type": "scatter", "mode": "lines+markers", "name": plot_text(c), "x": xs,
                              "y": [round(e[s] - g[s], 3) for s in xs], "line": {"color": color[c]},
                              "customdata": [[g[s], e[s]] for s in xs],
-                             "hovertemplate": esc(c) + "<br>%{x} B: eager %{customdata[1]:.2f} us - graph "
+                             "hovertemplate": plot_text(c) + "<br>%{x} B: eager %{customdata[1]:.2f} us - graph "
                                               "%{customdata[0]:.2f} us = %{y:.2f} us<extra></extra>"})
         suffix = "" if via == "torch" else "-direct"
         figs.append({"id": f"graph-vs-eager{suffix}", "title": f"Graph vs eager (via {via})", "data": over,
@@ -188,12 +194,12 @@ def _heatmap(verdicts: verdict.Verdicts, mode: str, configs: list[str], tokens_b
             big = abs(cell.ratio - 1) >= verdicts.min_effect
             zr.append(round(max(-50.0, min(50.0, pct)), 2) if big else 0.0)
             tr.append(f"{pct:+.0f}%" if big else "~")
-            hr.append(esc(f"{c} at {size_label(s, cell.tokens)}: screening {cell.label}; "
+            hr.append(plot_text(f"{c} at {size_label(s, cell.tokens)}: screening {cell.label}; "
                           f"{cell.launches} vs {cell.default_launches} launches"
                           + ("" if cell.eligible else " (excluded from winners)")))
         z.append(zr), text.append(tr), hover.append(hr)
     xs = [size_label(s, tokens_by_size.get(s)) for s in sizes]
-    data = [{"type": "heatmap", "z": z, "x": xs, "y": [esc(c) for c in ys], "text": text, "customdata": hover,
+    data = [{"type": "heatmap", "z": z, "x": xs, "y": [plot_text(c) for c in ys], "text": text, "customdata": hover,
              "texttemplate": "%{text}", "zmin": -50, "zmax": 50, "zmid": 0,
              "colorscale": [[0, "#7fbf7b"], [0.5, "#eeeeee"], [1, "#ef8a62"]],
              "colorbar": {"title": {"text": "% vs default"}}, "xgap": 1, "ygap": 1,
@@ -214,12 +220,12 @@ def _stage2_figure(verdicts: verdict.Verdicts) -> dict | None:
         return None
     data = []
     for i, c in enumerate(verdicts.certifications):
-        label = esc(f"{c.claim.config} {c.claim.where}")
+        label = plot_text(f"{c.claim.config} {c.claim.where}")
         for arm, vals, color in (("default", c.default_us, "#7f7f7f"), (c.claim.config, c.config_us, "#1f77b4")):
-            data.append({"type": "scatter", "mode": "markers", "name": esc(arm), "showlegend": False,
-                         "x": [f"{label}: {esc(arm)}"] * len(vals), "y": list(vals),
+            data.append({"type": "scatter", "mode": "markers", "name": plot_text(arm), "showlegend": False,
+                         "x": [f"{label}: {plot_text(arm)}"] * len(vals), "y": list(vals),
                          "marker": {"color": color, "size": 7, "opacity": 0.7},
-                         "hovertemplate": f"{label}<br>{esc(arm)}: %{{y:.3f}} us<extra></extra>"})
+                         "hovertemplate": f"{label}<br>{plot_text(arm)}: %{{y:.3f}} us<extra></extra>"})
     return {"id": "stage2", "title": "Stage 2 launches per claim", "data": data,
             "layout": _layout("Stage 2: each fresh launch's band value (us, geometric mean over the band's sizes)",
                               {"type": "category"}, _axis("band value (us)"))}
@@ -519,7 +525,9 @@ def write_profiles(run_dir: str | Path, verdicts: verdict.Verdicts, run: dict) -
     created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     plan = verdict.profile_plan(verdicts, run, str(run_dir), created)
     for old in run_dir.glob("profile*.env"):
-        if old.name not in plan and old.read_text(errors="replace").startswith(profile.PROFILE_HEADER):
+        # only regular files are read (a FIFO named profile-x.env would block the read forever)
+        if old.name not in plan and old.is_file() and not old.is_symlink() \
+                and old.read_text(errors="replace").startswith(profile.PROFILE_HEADER):
             old.unlink()
     for name, (settings, meta) in plan.items():
         profile.save(run_dir / name, profile.Profile(settings, meta))

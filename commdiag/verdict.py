@@ -184,20 +184,22 @@ def _screen(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]
 
 def profile_plan(verdicts: Verdicts, run: dict, source: str, created: str) -> dict[str, tuple[dict, dict]]:
     """Which profile files a run folder gets: {file name: (settings, meta)} (module docstring)."""
+    from .spec import BAND_RE
+
     envs = {c["name"]: c.get("env", {}) for c in run.get("configs", [])}  # what was measured, base_env included
     plan: dict[str, tuple[dict, dict]] = {}
-    band_names = list(verdicts.bands)
+    band_names = [b for b in verdicts.bands if BAND_RE.fullmatch(str(b))]  # a name becomes a file name
     for w in verdicts.band_winners:
-        if w.config is None:
+        if w.config is None or w.band not in band_names:
             continue
         meta = {"source": source, "band": f"{w.band} {verdicts.bands[w.band]} tokens", "config": w.config,
                 "created": created, "mode": w.mode,
                 "certified": f"ratio {w.ratio:.3f} vs default, p = {w.p:.2g} (stage 2, exact rank test)"}
         plan[f"profile-{w.band}.env"] = ({k: str(v) for k, v in envs.get(w.config, {}).items()}, meta)
-    if band_names and f"profile-{band_names[0]}.env" in plan:
-        first = verdicts.band_winner(band_names[0], verdicts.primary_mode) or next(
-            w for w in verdicts.band_winners if w.band == band_names[0] and w.config)
+    first_band = next(iter(verdicts.bands), None)  # the spec's first band, even when its name was refused
+    if first_band in band_names and f"profile-{first_band}.env" in plan:
+        first = next(w for w in verdicts.band_winners if w.band == first_band and w.config)
         hurts = [b for b, r in first.other_bands.items() if r is None or r > 1 + MIN_EFFECT]
         if not hurts:
-            plan["profile.env"] = plan[f"profile-{band_names[0]}.env"]
+            plan["profile.env"] = plan[f"profile-{first_band}.env"]
     return plan

@@ -269,3 +269,28 @@ def test_report_of_a_real_run_with_crashed_and_incorrect_launches(tmp_path):
     n_bad = sum(l["status"] in ("failed", "incorrect") for l in data.run["launches"])
     assert n_bad == 4 and f"Failed, timed-out and incorrect launches ({n_bad})" in dom
     assert "crashing rank 0 on purpose" in dom  # the stderr tail of the crash
+
+
+def test_plot_labels_escape_markup_but_show_quotes_as_quotes(tmp_path):
+    name = 'a"b\'c&<i>'
+    run_dir = make_run(tmp_path / "run", {"default": {4096: [10.0, 10.1, 9.9]}, name: {4096: [9.0, 9.1, 8.9]}},
+                       configs={"default": {}, name: {"NCCL_PROTO": "LL"}})
+    data = results.load_run(run_dir)
+    figs = report.figures(data, verdict.evaluate_run(data), stats.launch_values(data.samples))
+    names = {t.get("name") for f in figs for t in f["data"]}
+    assert 'a"b\'c&amp;&lt;i&gt;' in names  # plotly.js shows &quot; literally: quotes stay quotes
+    assert not [n for n in names if n and ("&quot;" in n or "<i>" in n)]
+
+
+def test_a_fifo_named_like_a_profile_never_blocks_publishing(tmp_path):
+    import os
+    import threading
+
+    run_dir = make_run(tmp_path / "run", {"default": {4096: [10.0, 10.1, 9.9]}, "x": {4096: [9.9, 10.0, 10.1]}})
+    os.mkfifo(run_dir / "profile-stale.env")
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (report.publish(run_dir), done.set()), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert done.is_set(), "publish blocked reading a FIFO"
+    assert (run_dir / "profile-stale.env").exists()  # not ours to remove: it is not a commdiag profile file

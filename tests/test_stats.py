@@ -253,3 +253,15 @@ def test_recorded_real_aa_runs_are_screening_only(run):
     assert v.screening.cells, "the fixture must contain estimates"
     assert v.status == verdict.SCREENING_ONLY and "before two-stage verdicts" in v.status_note
     assert not v.certifications and all(w.config is None for w in v.band_winners)
+
+
+def test_a_band_name_that_cannot_be_a_file_name_gets_no_profile():
+    # run folders recorded before band names were validated may hold one (--resume does not re-check)
+    stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.15, 8.95]}
+    run, values = make_run(stage1, {"default": NOISY1[:6], "fast": [x * 0.9 for x in NOISY1[2:8]]})
+    v = judge(run, values)
+    from dataclasses import replace
+
+    bad = replace(v, screening=replace(v.screening, bands={"de/code": BANDS["decode"], "prefill": BANDS["prefill"]}),
+                  band_winners=tuple(replace(w, band="de/code") if w.band == "decode" else w for w in v.band_winners))
+    assert set(verdict.profile_plan(bad, run, "r", "t")) == {"profile-prefill.env"}
