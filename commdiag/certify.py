@@ -166,14 +166,17 @@ class Certification:
         noise = ("launches fall into two states, about {:.4g} and {:.4g} us".format(*self.states) if self.states
                  else f"launch noise {self.noise * 100:.1f}%" if self.noise is not None else "launch noise unknown")
         if self.p <= self.threshold:
-            return (f"not certified - keep NCCL defaults: the difference is real (p = {self.p:.2g}) but "
-                    f"{abs(self.ratio - 1) * 100:.1f}% is below the {MIN_EFFECT * 100:.0f}% worth a change ({k})")
+            way = "slower" if self.ratio > 1 else "faster"
+            return (f"not certified - keep NCCL defaults: {abs(self.ratio - 1) * 100:.1f}% {way} is real "
+                    f"(p = {self.p:.2g}) but below the {MIN_EFFECT * 100:.0f}% worth a change ({k})")
         n = len(min(self.config_us, self.default_us, key=len))
         line = (f"not certified - keep NCCL defaults: p = {self.p:.2g} with {n} launches per arm "
                 f"(smallest attainable p = {self.p_floor:.2g}, needed <= {self.threshold:.2g}); {noise}")
         if self.launches_needed is not None:
-            line += (f"; about {self.launches_needed} launches per arm would give 80% power at this noise "
-                     f"for a {max(abs(math.log(self.ratio)), math.log1p(MIN_EFFECT)) * 100:.0f}% effect")
+            screened = abs(math.log(c.screening_ratio)) if c.screening_ratio else 0.0
+            line += (f"; if the true effect were {max(screened, math.log1p(MIN_EFFECT)) * 100:.0f}% (the screening "
+                     f"estimate, at least 3%), about {self.launches_needed} launches per arm would give 80% power "
+                     "at this noise")
             if self.launches_needed > SANE_LAUNCHES:
                 line += ": an effect this small cannot be certified at a sane cost on this machine"
         if self.note:
@@ -209,12 +212,17 @@ def test_claim(claim: Claim, xs: dict[int, float], ys: dict[int, float], round_o
         p = stats.signflip_test(pairs, claim.alternative)
         floor = (2.0 if claim.alternative == TWO_SIDED else 1.0) / 2 ** len(pairs) if pairs else 1.0
         test = "sign-flip"
+        factor = 2.0 if claim.alternative == TWO_SIDED else 1.0
+        need = next(n for n in range(1, 64) if factor / 2 ** n <= thr)
         note = (f"default drifted across rounds (Spearman rho {trend[0]:+.2f}, p = {trend[1]:.2g}): judged by the "
-                f"within-round sign-flip test, which needs 8 or more rounds (commdiag confirm --rounds 8)")
+                f"exact within-round sign-flip test, which needs {need} or more paired rounds in all at this "
+                f"threshold (this run has {len(pairs)}); confirm.rounds: {need} in the spec gets them in one look")
     sd = stats.pooled_sd([x, y])
     mx, my = stats.median(x), stats.median(y)
     states = stats.two_states([v - mx for v in x] + [v - my for v in y])
-    effect = max(abs(hl), math.log1p(MIN_EFFECT))
+    # the effect to power for: screening's estimate (independent of these launches), at least the 3% minimum
+    screened = abs(math.log(claim.screening_ratio)) if claim.screening_ratio else 0.0
+    effect = max(screened, math.log1p(MIN_EFFECT))
     needed = stats.launches_for_power(sd or 0.0, effect, thr, claim.alternative)
     result = NOT_CERTIFIED
     if p <= thr:
@@ -266,9 +274,12 @@ def size_claims_needed(configs: int, sizes: int, alpha: float = ALPHA) -> tuple[
     return m, stats.launches_to_reach(alpha / m, TWO_SIDED, 3)
 
 
-def certify_sizes(screening: Screening, values: list[stats.LaunchValue], alpha: float = ALPHA) -> list[Certification]:
+def certify_sizes(screening: Screening, values: list[stats.LaunchValue], alpha: float = ALPHA / 2
+                  ) -> list[Certification]:
     """``--certify-sizes``: every config x size in the primary mode tested two-sided on all stage-1
-    launches at once (no screening selection, so no fresh launches needed), Bonferroni over them all."""
+    launches at once (no screening selection, so no fresh launches needed), Bonferroni over them all.
+    The run's 1% is split: half for this family, half for stage 2's band claims (sweep._plan_stage2),
+    so that any false certification in the run stays at or below 1%."""
     mode = screening.primary_mode
     values = [v for v in values if v.stage == 1 and v.mode == mode]
     by: dict[int, dict[str, dict[int, float]]] = {}

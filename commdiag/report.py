@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__, certify, results, stats, verdict
-from .screening import Screening
+from .screening import Screening, band_text
 from .atomic import write_text
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -306,6 +306,7 @@ def _screening_matrix(verdicts: verdict.Verdicts, mode: str, tokens_by_size: dic
 def _certified_section(verdicts: verdict.Verdicts) -> str:
     """The certified answer: one row per stage-2 claim, then the winners per band."""
     out = [f"<p><b>{esc(verdicts.status)}</b>: {esc(verdicts.status_note)}</p>"]
+    out += [f"<p><b>{esc(n)}</b></p>" for n in verdicts.notes]
     if verdicts.certifications:
         plan = verdicts.confirmation or {}
         out.append(f"<p>Stage 2: {esc(sum(lk['rounds'] for lk in plan.get('looks', [])))} fresh rounds of default "
@@ -384,7 +385,7 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
     b.append("<h2>Certified answer</h2>")
     b.append(_certified_section(verdicts))
     b.append("<h2>Screening estimates per band (stage 1, not verdicts)</h2>")
-    b.append("<p>Bands (tokens): " + esc(", ".join(f"{k} {v}" for k, v in verdicts.bands.items())) + "</p>")
+    b.append("<p>Bands: " + esc(", ".join(f"{k} {band_text(v)}" for k, v in verdicts.bands.items())) + "</p>")
     if verdicts.screening.band_cells:
         b.append(_table(["config", "mode", "band", "ratio (estimate)", "screening", "launch values (us)",
                          "default's (us)"],
@@ -558,11 +559,19 @@ def render_verdicts(verdicts: verdict.Verdicts) -> str:
     lines.append(f"confirmation (stage 2): {verdicts.status}: {verdicts.status_note}")
     for c in verdicts.certifications:
         lines.append(f"  {c.claim.config} {c.claim.where} ({c.claim.mode}): {c.text}")
-    for w in verdicts.band_winners:
-        lines.append(f"winner {w.mode} band {w.band}: {w.text}")
-    for c in verdicts.size_certifications:
-        if c.certified:
-            lines.append(f"certified at {c.claim.where}: {c.claim.config} {c.text}")
+    if verdicts.status in (verdict.SCREENING_ONLY, verdict.PENDING):
+        lines.append("no winner yet: nothing is certified before stage 2 (keep NCCL defaults meanwhile)")
+    else:
+        for w in verdicts.band_winners:
+            lines.append(f"winner {w.mode} band {w.band}: {w.text}")
+    for n in verdicts.notes:
+        lines.append(n)
+    if verdicts.size_certifications:
+        done = [c for c in verdicts.size_certifications if c.certified]
+        lines.append(f"per-size certification (--certify-sizes): {len(done)} of {len(verdicts.size_certifications)} "
+                     f"config x size claims certified (each at p <= {verdicts.size_certifications[0].threshold:.2g})")
+        for c in done:
+            lines.append(f"  {c.claim.config} at {c.claim.where}: {c.text}")
     for c, why in verdicts.excluded.items():
         if c != stats.DEFAULT:  # default is the reference, never a candidate; its failures are listed anyway
             lines.append(f"never a winner: {c} ({why})")

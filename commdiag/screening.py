@@ -89,6 +89,14 @@ class Screening:
                 "cells": [c.to_json() for c in self.cells], "band_cells": [c.to_json() for c in self.band_cells]}
 
 
+def band_text(rng: list) -> str:
+    """[1, 64] -> "1-64 tokens", [256, None] -> "256+ tokens"."""
+    lo, hi = rng
+    if hi is None:
+        return f"{lo or 0}+ tokens"
+    return f"{lo or 0}-{hi} tokens"
+
+
 def in_band(tokens: int | None, rng: list) -> bool:
     if tokens is None:
         return False

@@ -255,6 +255,9 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepRe
             on_plan(_confirm_plan_text(run, plan, rounds))
     elif plan is None:
         run["confirm_rounds_override"] = rounds
+    elif rounds is not None:
+        raise CommdiagError(f"{run_dir}: stage 2 is unfinished; finish it first (commdiag confirm {run_dir}, without "
+                            "--rounds), then extend it")
     run["state"] = "running"
     results.save_run(run_dir, run)
     return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
@@ -266,6 +269,8 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
         # `kill -INT` would do nothing: the sweep's interrupt-and-resume needs the default handler.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     configs = {c["name"]: c for c in run["configs"]}
+    if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
+        on_plan(_start_banner(spec, run, run_dir))
     interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress)
     if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
         plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
@@ -281,6 +286,19 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
     for l in run["launches"]:
         counts[l["status"]] = counts.get(l["status"], 0) + 1
     return SweepResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
+
+
+def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
+    """The first thing a sweep prints: where it writes, how many launches, about how long."""
+    pending = [l for l in run["launches"] if l["status"] == results.PENDING]
+    per = _mean_wall(run) or EST_LAUNCH_S.get(spec.backend, 15.0)
+    stage1 = sum(1 for l in pending if int(l.get("stage", 1)) == 1)
+    then = ("; then stage 2 (confirmation; its plan is printed when screening ends)"
+            if run.get("confirm_requested", True) and run.get("confirmation") is None else "")
+    line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
+            + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
+            + f", about {len(pending) * per / 60:.1f} min at ~{per:.0f} s a launch{then}")
+    return StagePlan("start", len(pending), len(pending) * per, (line,))
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress) -> bool:
@@ -326,7 +344,8 @@ def _plan_stage2(spec: Spec, run: dict, run_dir: Path, rounds: int | None) -> St
     scr, _ = verdict.screening_of(results.load_run(run_dir))
     claims = certify.plan_claims(scr, spec.confirm_configs)
     stage1 = sum(1 for l in run["launches"] if int(l.get("stage", 1)) == 1)
-    plan = certify.confirmation_plan(claims, rounds, stage1, _utc())
+    alpha = stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA  # --certify-sizes spends the other half
+    plan = certify.confirmation_plan(claims, rounds, stage1, _utc(), alpha)
     plan["measure"] = _stage2_measure(spec, claims, scr.band_sizes)
     run["confirmation"] = plan
     run["version"] = results.RUN_FORMAT_VERSION
@@ -338,12 +357,13 @@ def _plan_stage2(spec: Spec, run: dict, run_dir: Path, rounds: int | None) -> St
 
 def _stage2_measure(spec: Spec, claims, band_sizes: dict) -> dict:
     """The worker plan of a stage-2 launch: only the claims' series (graph via torch, graph-direct via
-    nccl-direct, ...) at the claims' bands' sizes; a stage-2 launch then costs little more than its start."""
+    nccl-direct, ...), at every band's sizes (a winner's ratio in the other bands decides profile.env);
+    a stage-2 launch then costs little more than its start."""
     series = {c.mode for c in claims}
     modes = sorted({m.removesuffix("-direct") for m in series}, key=list(spec.modes).index)
     vias = sorted({"nccl-direct" if m.endswith("-direct") else "torch" for m in series}, key=list(spec.vias).index)
-    sizes = sorted({s for c in claims for s in band_sizes.get(c.band, [])} | {c.size_bytes for c in claims
-                                                                              if c.size_bytes is not None})
+    sizes = sorted({s for sizes in band_sizes.values() for s in sizes} | {c.size_bytes for c in claims
+                                                                         if c.size_bytes is not None})
     return {"modes": modes, "vias": vias, "sizes": sizes or [s.bytes for s in spec.sizes]}
 
 
@@ -366,6 +386,10 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
         lines.append(f"  warning: with {total} rounds the exact test cannot reach p <= {look['threshold']:.2g} at all "
                      f"(smallest attainable {stats.smallest_p(total, total, alt):.2g}): nothing can be certified; "
                      f"{stats.launches_to_reach(look['threshold'], alt)} rounds could")
+    if look["look"] > 1:
+        spent = sum(lk["threshold"] for lk in plan["looks"]) * len(claims)
+        lines.append(f"  a further look at the same claims: the run's family-wise error rate is now at most "
+                     f"{spent:.2%} (each look spends its threshold x {len(claims)} claims)")
     for c in claims:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
         lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
@@ -392,14 +416,14 @@ EST_LAUNCH_S = {"nccl": 15.0, "gloo": 3.0}
 
 def _certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
     """--certify-sizes: enough trials for a one-stage exact test of every config x size (primary mode)."""
-    m, k = certify.size_claims_needed(len(spec.configs) - 1, len(spec.sizes))
+    m, k = certify.size_claims_needed(len(spec.configs) - 1, len(spec.sizes), stats.ALPHA / 2)
     if spec.trials < k:
         spec = dataclasses.replace(spec, trials=k)
     n = spec.trials * len(spec.configs)
     est = n * EST_LAUNCH_S.get(spec.backend, 15.0)
     return spec, StagePlan("certify-sizes", n, est, (
         f"per-size certification: {len(spec.configs) - 1} configs x {len(spec.sizes)} sizes = {m} claims, each must "
-        f"reach p <= {0.01 / m:.2g}: {spec.trials} launches per config, {n} launches in stage 1 "
+        f"reach p <= {stats.ALPHA / 2 / m:.2g} (half the run's 1%; stage 2's band claims get the other half): {spec.trials} launches per config, {n} launches in stage 1 "
         f"(about {est / 60:.0f} min at ~{EST_LAUNCH_S.get(spec.backend, 15.0):.0f} s a launch)",))
 
 

@@ -58,6 +58,7 @@ class Verdicts:
     certifications: tuple[Certification, ...]
     band_winners: tuple[Winner, ...]
     size_certifications: tuple[Certification, ...] = ()
+    notes: tuple[str, ...] = ()  # the A/A check's PASS/FAIL, and why NCCL settings do nothing under gloo
     alpha: float = ALPHA
     min_effect: float = MIN_EFFECT
 
@@ -104,11 +105,48 @@ class Verdicts:
                 "certifications": [c.to_json() for c in self.certifications],
                 "band_winners": [w.to_json() for w in self.band_winners],
                 "size_certifications": [c.to_json() for c in self.size_certifications],
+                "notes": list(self.notes),
                 "screening": self.screening.to_json()}
 
 
 def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]) -> Verdicts:
     """Verdicts from launch values (stage 1 and 2) and run.json (spec, launches, confirmation plan)."""
+    from dataclasses import replace
+
+    v = _evaluate(values, run, excluded)
+    return replace(v, notes=tuple(_notes(v, run)))
+
+
+def _notes(v: Verdicts, run: dict) -> list[str]:
+    """Twins of default (identical settings; under gloo, identical but for NCCL_* variables, which gloo
+    never reads) make the run an A/A check: say whether it passed."""
+    envs = {c["name"]: dict(c.get("env", {})) for c in run.get("configs", [])}
+    gloo = run.get("spec", {}).get("backend") == "gloo"
+    strip = (lambda e: {k: x for k, x in e.items() if not k.startswith("NCCL_")}) if gloo else (lambda e: e)  # noqa: E731
+    base = strip(envs.get(stats.DEFAULT, {}))
+    twins = [c for c, e in envs.items() if c != stats.DEFAULT and strip(e) == base]
+    notes = []
+    if gloo and any(k.startswith("NCCL_") for e in envs.values() for k in e if k != "NCCL_NVLS_ENABLE"):
+        notes.append("gloo never loads NCCL: the NCCL_* settings here cannot change anything, so every "
+                     "difference between these configs is launch noise")
+    if not twins:
+        return notes
+    names = ", ".join(twins)
+    if v.status == SCREENING_ONLY or v.status == PENDING:
+        notes.append(f"A/A check ({names} identical to default): not decided yet ({v.status})")
+        return notes
+    false = [c for c in v.certifications if c.certified and c.claim.config in twins]
+    if false:
+        notes.append(f"A/A check: FAIL: {false[0].claim.config} was certified {false[0].result} than default in "
+                     f"{false[0].claim.where} though identical: do not trust a sweep on this machine until it passes")
+    else:
+        tested = sorted({c.claim.config for c in v.certifications if c.claim.config in twins})
+        notes.append(f"A/A check: PASS: {names} (identical to default) "
+                     + (f"tested in stage 2 and not certified" if tested else "not even a screening candidate"))
+    return notes
+
+
+def _evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]) -> Verdicts:
     scr = _screen(values, run, excluded)
     sizes = certify.certify_sizes(scr, values) if run.get("certify_sizes") else []
     plan = run.get("confirmation")
@@ -116,7 +154,8 @@ def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str
         if run.get("confirm_requested") is False:
             note = f"stopped after screening (--no-confirm): run  commdiag confirm {run_dir_hint(run)}  to certify"
         elif int(run.get("version", 1)) < 3:
-            note = "a run folder from before two-stage verdicts: screening only; commdiag confirm RUN_DIR certifies it"
+            note = (f"a run folder from before two-stage verdicts: screening only; commdiag confirm "
+                    f"{run_dir_hint(run)} certifies it")
         else:
             note = "stage 1 unfinished: no confirmation yet"
         return Verdicts(scr, SCREENING_ONLY, note, None, (), _no_winners(scr), tuple(sizes))
@@ -127,7 +166,7 @@ def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str
                         tuple(sizes))
     stage2 = [l for l in run.get("launches", []) if l.get("stage") == 2]
     if any(l.get("status") == "pending" for l in stage2):
-        return Verdicts(scr, PENDING, "confirmation unfinished: commdiag sweep --resume RUN_DIR finishes it", plan, (),
+        return Verdicts(scr, PENDING, f"commdiag sweep --resume {run_dir_hint(run)} finishes it", plan, (),
                         _no_winners(scr), tuple(sizes))
     round_of = {l["index"]: int(l.get("round", 0)) for l in stage2}
     certs = certify.certify(plan, values, scr.band_sizes, round_of, excluded)
@@ -156,12 +195,12 @@ def _no_winners(scr: Screening) -> tuple[Winner, ...]:
 
 
 def run_dir_hint(run: dict) -> str:
-    return run.get("run_dir") or "RUN_DIR"
+    return run.get("_run_dir") or "RUN_DIR"
 
 
 def evaluate_run(data) -> Verdicts:
     """Verdicts for a loaded run folder (``results.RunData``)."""
-    run = data.run
+    run = {**data.run, "_run_dir": str(data.path)}  # for the commands the notes suggest
     values = stats.launch_values(data.samples, stats.usable_launches(run), stats.launch_stages(run))
     return evaluate(values, run, stats.exclusions(run, data.summary))
 
@@ -192,7 +231,7 @@ def profile_plan(verdicts: Verdicts, run: dict, source: str, created: str) -> di
     for w in verdicts.band_winners:
         if w.config is None or w.band not in band_names:
             continue
-        meta = {"source": source, "band": f"{w.band} {verdicts.bands[w.band]} tokens", "config": w.config,
+        meta = {"source": source, "band": f"{w.band} {screening.band_text(verdicts.bands[w.band])}", "config": w.config,
                 "created": created, "mode": w.mode,
                 "certified": f"ratio {w.ratio:.3f} vs default, p = {w.p:.2g} (stage 2, exact rank test)"}
         plan[f"profile-{w.band}.env"] = ({k: str(v) for k, v in envs.get(w.config, {}).items()}, meta)

@@ -21,10 +21,12 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     out = tmp_path / "aa"
     # stage 1 only
     proc = run_cli("sweep", CPU_AA, "--out", out, *SMALL, "--no-confirm", "--json")
+    assert proc.stderr.startswith(f"run folder {out}: 6 launches to run (6 screening: 2 configs x 3 trials)")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     assert data["verdicts"]["status"] == verdict.SCREENING_ONLY and "--no-confirm" in data["verdicts"]["status_note"]
     assert data["profiles"] == [] and not list(out.glob("profile*.env"))
+    assert f"commdiag confirm {out}" in data["verdicts"]["status_note"]  # the real path, not a placeholder
     run = results.load_run_json(out)
     assert run["version"] == results.RUN_FORMAT_VERSION and {l["stage"] for l in run["launches"]} == {1}
     # stage 2 later: the plan is printed first, then 6 rounds of default + aa (confirm.configs: [aa])
@@ -39,6 +41,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert run["confirmation"]["family_size"] == 2
     assert "confirmation (stage 2): confirmed: 0 of 2 claims certified" in proc.stdout
     assert "not certified - keep NCCL defaults" in proc.stdout and "certified faster" not in proc.stdout
+    assert "A/A check: PASS: aa (identical to default)" in proc.stdout
     assert not list(out.glob("profile*.env"))
     # an interruption in stage 2 leaves pending launches: --resume finishes exactly those
     kept = {l["index"]: l["started_utc"] for l in stage2[:-2]}
@@ -66,7 +69,9 @@ def test_stage_2_measures_only_what_its_claims_test(tmp_path):
                                 configs={"x": {}}, confirm={"configs": ["x"]}))
     claims = [certify.Claim("x", "eager", "decode", None, stats.TWO_SIDED, "confirm.configs", 1.0)]
     measure = sweep._stage2_measure(spec, claims, {"decode": [1024], "prefill": [256 * 1024]})
-    assert measure == {"modes": ["eager"], "vias": ["torch"], "sizes": [1024]}
+    # only the claims' series, but every band's sizes: a winner's ratio in the other bands decides profile.env
+    # (128 tokens lies in no band: not measured)
+    assert measure == {"modes": ["eager"], "vias": ["torch"], "sizes": [1024, 256 * 1024]}
 
 
 @pytest.mark.parametrize("confirm, field, words", [
@@ -95,7 +100,7 @@ def test_confirm_key_resolves_and_survives_run_json(tmp_path):
 def test_certify_sizes_prints_its_cost_and_raises_trials(tmp_path):
     spec = load_spec(REPO / "sweeps" / "pcie8.yaml")
     raised, plan = sweep._certify_sizes_plan(spec)
-    m, k = certify.size_claims_needed(25, 15)
+    m, k = certify.size_claims_needed(25, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
     assert m == 375 and 9 <= k <= 11 and raised.trials == k
     assert plan.launches == 26 * k and f"{k} launches per config" in plan.lines[0]
     assert "min" in plan.lines[0]
@@ -112,7 +117,7 @@ def test_certify_sizes_tests_every_cell_at_once():
     scr = screening.screen(values, configs=["default", "slow", "aa"], modes=["graph"], tokens_by_size=sizes,
                            bands={"decode": [1, 64]})
     out = certify.certify_sizes(scr, values)
-    assert len(out) == 4 and all(c.threshold == pytest.approx(0.01 / 4) for c in out)
+    assert len(out) == 4 and all(c.threshold == pytest.approx(0.005 / 4) for c in out)  # half the run's 1%
     assert {(c.claim.config, c.result) for c in out} == {("slow", "slower"), ("aa", "not certified")}
 
 
@@ -133,3 +138,20 @@ def test_a_plan_too_short_to_certify_says_so_before_it_starts():
     plan = certify.confirmation_plan(claims, 3, 9, "t")
     text = sweep._confirm_plan_text({"launches": []}, plan, 3)
     assert text.launches == 6 and "cannot reach p <= 0.005 at all" in text.lines[1] and "6 rounds could" in text.lines[1]
+
+
+def test_band_text_and_gloo_note():
+    assert screening.band_text([1, 64]) == "1-64 tokens" and screening.band_text([256, None]) == "256+ tokens"
+    run = {"spec": {"backend": "gloo", "sizes": [], "bands": {}}, "configs": [
+        {"name": "default", "env": {}}, {"name": "ll", "env": {"NCCL_PROTO": "LL"}}], "launches": []}
+    v = verdict.evaluate([], run, {})
+    assert any("gloo never loads NCCL" in n for n in v.notes)
+    assert any(n.startswith("A/A check (ll identical to default)") for n in v.notes)  # under gloo, ll is a twin
+
+
+def test_extending_an_unfinished_confirmation_is_refused_and_a_further_look_states_its_cost(tmp_path):
+    claims = [certify.Claim("x", "graph", b, None, stats.LESS, "screening", 0.9) for b in ("a", "b")]
+    plan = certify.confirmation_plan(claims, None, 9, "t")
+    certify.add_look(plan, 6, "t2")
+    text = sweep._confirm_plan_text({"launches": []}, plan, 6)
+    assert "family-wise error rate is now at most 1.50%" in " ".join(text.lines)
