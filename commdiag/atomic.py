@@ -92,11 +92,16 @@ def write_text(path: str | Path, text: str) -> None:
     except OSError as e:
         raise CommdiagError(f"{path}: cannot write: {e.strerror or e}") from None
     finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        discard(tmp)
+
+
+def discard(tmp: str | None) -> None:
+    """Remove a temporary file left by a write that did not complete (None: nothing to remove)."""
+    if tmp is not None:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def write_json(path: str | Path, data) -> None:

@@ -22,6 +22,17 @@ def read_run(run_dir):
     return json.loads((run_dir / "run.json").read_text())
 
 
+def wait_for_a_finished_launch(out, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if any(l["status"] == "ok" for l in read_run(out)["launches"]):
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+
+
 def survivors(run):
     return [pid for l in run["launches"] if l.get("marker") for pid in launcher.marked_pids(l["marker"])]
 
@@ -102,14 +113,7 @@ def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out), "--no-confirm"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait for the first finished launch
-        try:
-            if any(l["status"] == "ok" for l in read_run(out)["launches"]):
-                break
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
+    wait_for_a_finished_launch(out)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -318,14 +322,7 @@ def test_a_sweep_started_with_sigint_ignored_can_still_be_interrupted(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out),
                              "--no-confirm"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if any(l["status"] == "ok" for l in read_run(out)["launches"]):
-                break
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
+    wait_for_a_finished_launch(out)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]

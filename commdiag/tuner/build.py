@@ -71,7 +71,7 @@ def build(out_dir: str | Path = ".", werror: bool = False) -> Path:
 
 
 def build_result(out_dir: str | Path = ".", werror: bool = False) -> BuildResult:
-    from ..atomic import check_target
+    from ..atomic import check_target, discard
 
     compiler = find_compiler()
     out_dir = Path(out_dir).expanduser().resolve()
@@ -111,11 +111,7 @@ def build_result(out_dir: str | Path = ".", werror: bool = False) -> BuildResult
         os.replace(tmp, target)
         tmp = None
     finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        discard(tmp)
     return BuildResult(target, " ".join(compiler), symbols)
 
 
