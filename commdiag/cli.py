@@ -270,18 +270,19 @@ def compare_cmd(run_a, run_b, as_json, html_out):
 
 
 def render_table(summary) -> str:
-    """nccl-tests-style table; every time with its spread (p10-p90) and launch count."""
+    """nccl-tests-style table, under 100 columns; every time with its spread (p10-p90) and launch count.
+    A long config name is cut with a tag of its own (never into the same text as another's)."""
+    from .report import _fit
+
     if summary.empty:
         return "no samples"
-    lines = []
-    head = (f"{'size(B)':>12} {'tokens':>6} {'mode':>5} {'config':<28} {'time(us)':>10} {'p10-p90(us)':>19} "
-            f"{'launches':>8} {'algbw':>8} {'busbw':>8} {'#wrong':>6}")
-    lines.append(head)
+    lines = [f"{'size(B)':>10} {'tok':>5} {'mode':<12} {'config':<24} {'time(us)':>9} {'p10-p90(us)':>15} "
+             f"{'runs':>4} {'busbw':>7} {'wrong':>5}"]
     for r in summary.itertuples(index=False):
         tokens = "" if r.tokens is None or str(r.tokens) in ("<NA>", "nan") else str(r.tokens)
-        spread = f"{r.p10_us:.2f}-{r.p90_us:.2f}"
-        lines.append(f"{r.size_bytes:>12} {tokens:>6} {r.mode:>5} {str(r.config)[:28]:<28} {r.median_us:>10.2f} "
-                     f"{spread:>19} {r.launches:>8} {r.algbw_gbps:>8.3f} {r.busbw_gbps:>8.3f} {r.wrong:>6}")
+        spread = f"{r.p10_us:.1f}-{r.p90_us:.1f}"
+        lines.append(f"{r.size_bytes:>10} {tokens:>5} {r.mode:<12} {_fit(str(r.config), 24):<24} {r.median_us:>9.2f} "
+                     f"{spread:>15} {r.launches:>4} {r.busbw_gbps:>7.2f} {r.wrong:>5}")
     return "\n".join(lines)
 
 
