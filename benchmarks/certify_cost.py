@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from commdiag import results, verdict  # noqa: E402
+from commdiag.formats import results  # noqa: E402
+from commdiag.analyse import verdict  # noqa: E402
 
 TARGET = 1.3
 

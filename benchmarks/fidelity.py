@@ -79,7 +79,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from commdiag import nccldirect, worker
+    from commdiag.measure import nccldirect, worker
 
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from commdiag import launcher  # noqa: E402
+from commdiag.measure import launcher  # noqa: E402
 
 BARE = """import os, torch, torch.distributed as dist
 if os.environ["B"] == "nccl":

@@ -3,6 +3,16 @@
 Did the NCCL settings arrive, did NCCL apply them, do they help at my message
 sizes by more than the noise, and are they installed so that they survive a
 restart.  The package is a library; ``commdiag.cli`` is a thin click layer.
+
+Its parts, one subpackage each:
+    formats/      the on-disk formats: spec, run folder (results), profile
+    measure/      sweeps of fresh torchrun launches: sweep, launcher, worker, nccldirect, runlock, explain
+    analyse/      stored results to answers: stats, screening, certify, verdict, report, compare
+    environment/  did the settings arrive: envcheck, propagation, pyprobe, detect, topology, doctor
+    install/      persisting settings: hook, hookplan, hookstate, hookcheck, hooktext, systemd
+    nccl/         NCCL's vocabulary: ncclvars (its variables), ncclog (its log)
+    tuner/        commdiag's NCCL tuner plugin (C), its build and its rules format
+and at the top: cli, errors, atomic (the one output writer), metadata (fingerprints).
 """
 
 import os as _os
@@ -23,6 +33,6 @@ def check_env(expect=None, **kwargs):
     ``str(result)`` is one line; ``result.ok`` and ``result.to_json()`` for code.  Without
     ``expect`` (or ``profile=PATH``) the installed commdiag hook's settings are expected.
     """
-    from .envcheck import check_env as _check_env
+    from .environment.envcheck import check_env as _check_env
 
     return _check_env(expect, **kwargs)

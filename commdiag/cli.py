@@ -127,7 +127,8 @@ def _progress_line(p) -> str:
 def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes):
     """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial), then
     confirm the screening's candidates on fresh launches (stage 2) for a certified answer."""
-    from . import spec as spec_mod, sweep as sweep_mod
+    from .formats import spec as spec_mod
+    from .measure import sweep as sweep_mod
 
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
@@ -144,7 +145,7 @@ def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_si
     res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
                               confirm=not no_confirm, certify_sizes=certify_sizes)
     if explain and res.state == "complete":
-        from . import explain as explain_mod
+        from .measure import explain as explain_mod
 
         explain_mod.run_explain(res.run_dir)
     _finish_run(res, as_json)
@@ -157,7 +158,8 @@ def _print_plan(plan) -> None:
 
 def _finish_run(res, as_json: bool) -> None:
     """What sweep and confirm print at the end: the table, the two-stage answer, report and profiles."""
-    from . import report, results
+    from .analyse import report
+    from .formats import results
 
     data = results.load_run(res.run_dir)
     # Verdicts, report and profiles need every launch: an interrupted run has none of them yet.
@@ -194,7 +196,7 @@ def _finish_run(res, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 def confirm_cmd(run_dir, rounds, as_json):
     """Stage 2 on an existing run: confirm the screening's candidates on fresh launches (or finish or extend it)."""
-    from . import sweep as sweep_mod
+    from .measure import sweep as sweep_mod
 
     progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
     res = sweep_mod.run_confirm(run_dir, rounds=rounds, on_progress=progress, on_plan=_print_plan)
@@ -211,7 +213,8 @@ def explain_cmd(run_dir, as_json, no_run):
     One untimed launch per config with NCCL's TUNING log. NCCL >= 2.24 logs names and channel ranges;
     older versions log numeric ids (mapped to names, channels unknown) or nothing, which is said plainly.
     A gloo run is refused: gloo never loads NCCL."""
-    from . import explain as explain_mod, results
+    from .measure import explain as explain_mod
+    from .formats import results
 
     run = results.load_run_json(run_dir)
     if no_run:
@@ -231,7 +234,7 @@ def explain_cmd(run_dir, as_json, no_run):
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON instead of the table.")
 def report_cmd(run_dir, out, as_json):
     """Write the HTML report of a run folder (offline, one file) and print the verdicts; never measures."""
-    from . import report
+    from .analyse import report
     from .atomic import check_target
 
     if out is not None:
@@ -253,7 +256,7 @@ def report_cmd(run_dir, out, as_json):
               help="Also write the comparison as an HTML file.")
 def compare_cmd(run_a, run_b, as_json, html_out):
     """Compare two run folders: per config x size x mode, did B change beyond the noise of either run?"""
-    from . import compare
+    from .analyse import compare
     from .atomic import check_target, write_text
 
     if html_out is not None:
@@ -272,7 +275,7 @@ def compare_cmd(run_a, run_b, as_json, html_out):
 def render_table(summary) -> str:
     """nccl-tests-style table, under 100 columns; every time with its spread (p10-p90) and launch count.
     A long config name is cut with a tag of its own (never into the same text as another's)."""
-    from .report import _fit
+    from .analyse.report import _fit
 
     if summary.empty:
         return "no samples"
@@ -319,7 +322,7 @@ def _var_line(v) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, as_json):
     """Did the NCCL settings arrive in this process (os.environ and libc getenv)? Exit 1 if not."""
-    from . import envcheck, propagation as propagation_mod
+    from .environment import envcheck, propagation as propagation_mod
 
     expect = envcheck.parse_assignments(expects)
     if nccl:
@@ -381,7 +384,7 @@ def _load_readings(path):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (it embeds the NVML readings).")
 def detect(pythons, nvml_replay, as_json):
     """Python startup hooks per interpreter, GPU topology (NVML), versions."""
-    from . import detect as detect_mod
+    from .environment import detect as detect_mod
 
     d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay))
     _echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d))
@@ -398,7 +401,7 @@ def detect(pythons, nvml_replay, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(pythons, expects, profile_path, nvml_replay, as_json):
     """detect + check-env as one ranked health report; exit 1 if anything needs attention."""
-    from . import doctor as doctor_mod, envcheck
+    from .environment import doctor as doctor_mod, envcheck
 
     r = doctor_mod.doctor(pythons, expect=envcheck.parse_assignments(expects), profile=profile_path,
                           nvml_readings=_load_readings(nvml_replay))
@@ -435,7 +438,7 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
 def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit, systemd_env_file, nccl_conf, override,
                      force, root, show_status, uninstall, all_installs, dry_run, python_flags, no_verify, as_json):
     """Persist NCCL settings: a Python startup hook (.pth or sitecustomize), a systemd drop-in, nccl.conf."""
-    from . import hook
+    from .install import hook
 
     if show_status and uninstall:
         raise click.UsageError("--status and --uninstall exclude each other")

@@ -19,8 +19,8 @@ import math
 import numpy as np
 import pytest
 
-from commdiag import certify, screening, stats, verdict
-from commdiag.stats import ALPHA, LESS, MIN_EFFECT, TWO_SIDED
+from commdiag.analyse import certify, screening, stats, verdict
+from commdiag.analyse.stats import ALPHA, LESS, MIN_EFFECT, TWO_SIDED
 
 RUNS = 2000
 NVLINK_TOKENS = [1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]

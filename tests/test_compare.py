@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 
-from commdiag import compare, results
+from commdiag.analyse import compare
+from commdiag.formats import results
 from conftest import run_cli
 from test_report import FIXTURES, assert_drawn, make_run, render
 

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import certify, results, screening, stats, sweep, verdict
+from commdiag.analyse import certify, screening, stats, verdict
+from commdiag.formats import results
+from commdiag.measure import sweep
 from commdiag.errors import SpecError
-from commdiag.spec import load_spec
+from commdiag.formats.spec import load_spec
 from conftest import REPO, run_cli, write_spec
 
 CPU_AA = REPO / "sweeps" / "cpu-aa.yaml"
@@ -91,7 +93,7 @@ def test_confirm_key_errors_name_the_field(tmp_path, confirm, field, words):
 def test_confirm_key_resolves_and_survives_run_json(tmp_path):
     spec = load_spec(write_spec(tmp_path / "s.yaml", configs={"x": {}}, confirm={"configs": ["x"], "rounds": 8}))
     assert spec.confirm_configs == ("x",) and spec.confirm_rounds == 8
-    from commdiag.spec import Spec
+    from commdiag.formats.spec import Spec
 
     again = Spec.from_json(json.loads(json.dumps(spec.to_json())))
     assert again.confirm_configs == ("x",) and again.confirm_rounds == 8

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import doctor, envcheck, topology
+from commdiag.environment import doctor, envcheck, topology
 from conftest import REPO
 
 FIX = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
@@ -161,7 +161,7 @@ def test_detect_json_is_itself_a_replayable_recording(tmp_path):
 
 
 def test_findings_from_a_missing_expected_variable():
-    det = __import__("commdiag.detect", fromlist=["detect"]).detect(current=False, nvml_readings=READINGS,
+    det = __import__("commdiag.environment.detect", fromlist=["detect"]).detect(current=False, nvml_readings=READINGS,
                                                                        with_torch=False)
     env = envcheck.EnvCheck(1, "py", "--expect", [envcheck.VarCheck("NCCL_ALGO", "Ring", None, None, "missing", "x")])
     f = doctor.findings(det, env)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import envcheck, profile, propagation
+from commdiag.environment import envcheck, propagation
+from commdiag.formats import profile
 from conftest import REPO
 
 FIX = Path(__file__).parent / "fixtures" / "h200x2-nvlink"

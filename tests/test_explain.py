@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commdiag import explain, ncclog
+from commdiag.measure import explain
+from commdiag.nccl import ncclog
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
 TUNING_LOG = FIXTURES / "nccl-debug-init-env-tuning-defaults.log"

@@ -12,7 +12,10 @@ import json
 import shutil
 from pathlib import Path
 
-from commdiag import certify, compare, explain, ncclog, report, results, stats, verdict, worker
+from commdiag.analyse import certify, compare, report, stats, verdict
+from commdiag.measure import explain, worker
+from commdiag.nccl import ncclog
+from commdiag.formats import results
 from test_report import assert_drawn, render
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import hooktext
+from commdiag.install import hooktext
 
 from pythons import plain_python
 
@@ -221,7 +221,7 @@ def test_spawn_child_and_status(root, tmp_path_factory):
     assert "loads at start: yes" in cp.stdout and "check-env in a fresh process: OK" in cp.stdout
     # check-env inside the target, with no expectation given, expects the installed hook's settings
     pkg = str(Path(__file__).resolve().parent.parent)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from commdiag import envcheck; import json; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from commdiag.environment import envcheck; import json; "
             "r = envcheck.check_env(); print(json.dumps([envcheck.installed_settings(), r.source, r.ok]))")
     for flags, ok in (([], True), (["-S"], False)):
         out = subprocess.run([str(py), *flags, "-c", code, pkg], capture_output=True, text=True, env=env,
@@ -331,7 +331,7 @@ def test_systemd_and_nccl_conf_install_and_undo(root):
     assert "EnvironmentFile=/etc/commdiag/sglang.service.env\n" in dropin.read_text()
     assert stat.S_IMODE(dropin.stat().st_mode) == 0o644
     assert "systemctl restart sglang.service" in cp.stdout
-    from commdiag.envcheck import parse_nccl_conf
+    from commdiag.environment.envcheck import parse_nccl_conf
 
     assert parse_nccl_conf(conf.read_text())["NCCL_PROTO"] == "Simple"  # the file's own line wins (first wins)
     assert parse_nccl_conf(conf.read_text())["NCCL_ALGO"] == "Ring"
@@ -395,7 +395,7 @@ def test_permission_error_is_one_clear_message(tmp_path):
     root = top / "root"
     root.mkdir(mode=0o755)
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
-            "from commdiag import hook\nfrom commdiag.errors import CommdiagError\n"
+            "from commdiag.install import hook\nfrom commdiag.errors import CommdiagError\n"
             "try:\n"
             "    hook.install(hook.Request(hook.resolve_settings(sets=['NCCL_PROTO=LL']), method='none',\n"
             "                 nccl_conf='system', root=sys.argv[2]))\n"

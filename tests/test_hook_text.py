@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from commdiag import hookplan, hooktext, systemd
+from commdiag.install import hookplan, hooktext, systemd
 from commdiag.errors import CommdiagError
-from commdiag.hookplan import ABSENT, BLOCK, FILE, OWNED, Desired, FileState, Target
+from commdiag.install.hookplan import ABSENT, BLOCK, FILE, OWNED, Desired, FileState, Target
 
 META = {"commdiag": "0.1.0", "source": "reports/x\nimport os; os.system('boom')", "installed": "2026-11-29T12:00:00Z"}
 HOSTILE = ["a\nb", "a\rb", "a\0b", "a\x1bb", "x\x7f"]

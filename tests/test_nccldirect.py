@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import nccldirect
+from commdiag.measure import nccldirect
 from commdiag.errors import SpecError
-from commdiag.spec import load_spec
+from commdiag.formats.spec import load_spec
 
 from conftest import write_spec
 
@@ -82,7 +82,7 @@ def test_vias_default_and_validation(tmp_path):
 
 
 def test_auto_batch_fills_the_window_with_an_integer_count():
-    from commdiag.worker import MAX_BATCH, _auto_batch
+    from commdiag.measure.worker import MAX_BATCH, _auto_batch
 
     plan = {"batch": "auto", "window_us": 500}
     assert _auto_batch(plan, 7.0) == 72 and isinstance(_auto_batch(plan, 7.0), int)

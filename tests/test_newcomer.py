@@ -278,7 +278,7 @@ def test_check_env_rows_fit_100_columns_with_the_detail_below():
 
 def test_readme_gpu_path_commands_parse():
     """Every commdiag command line of the GPU path names a real command and options it has; sweep specs load."""
-    from commdiag import spec as spec_mod
+    from commdiag.formats import spec as spec_mod
 
     gpu = README.split("## On your GPU box", 1)[1].split("## Commands", 1)[0]
     found = re.findall(r"(?:^|[`\s])(?:sudo \"\$\(command -v commdiag\)\"|commdiag) ((?:[a-z-]+)(?: [^`#\n]*)?)", gpu,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from commdiag.errors import CommdiagError
-from commdiag.pyprobe import probe
+from commdiag.environment.pyprobe import probe
 
 from pythons import plain_python
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import certify, profile, report, results, stats, verdict
+from commdiag.analyse import certify, report, stats, verdict
+from commdiag.formats import profile, results
 from conftest import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"

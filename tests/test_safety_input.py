@@ -13,9 +13,11 @@ import time
 
 import pytest
 
-from commdiag import hooktext, ncclvars, profile, systemd
+from commdiag.install import hooktext, systemd
+from commdiag.nccl import ncclvars
+from commdiag.formats import profile
 from commdiag.errors import CommdiagError, SpecError, brief, terminal_safe
-from commdiag.spec import load_spec, resolve
+from commdiag.formats.spec import load_spec, resolve
 
 from conftest import run_cli, write_spec
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from commdiag import hooktext
+from commdiag.install import hooktext
 
 from conftest import REPO
 

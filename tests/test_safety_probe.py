@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import pyprobe
+from commdiag.environment import pyprobe
 from commdiag.errors import CommdiagError
-from commdiag.pyprobe import probe
+from commdiag.environment.pyprobe import probe
 
 from conftest import run_cli
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import results
+from commdiag.formats import results
 from commdiag.errors import CommdiagError
 
 from conftest import REPO, run_cli

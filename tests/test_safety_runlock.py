@@ -15,14 +15,14 @@ import time
 
 import pytest
 
-from commdiag import launcher, runlock
+from commdiag.measure import launcher, runlock
 from commdiag.errors import CommdiagError
 
 from conftest import REPO
 
 HOLDER = """
 import sys, time
-from commdiag import runlock
+from commdiag.measure import runlock
 with runlock.hold(sys.argv[1]):
     print("held", flush=True)
     time.sleep(60)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from commdiag.errors import SpecError
-from commdiag.spec import launch_order, load_spec
+from commdiag.formats.spec import launch_order, load_spec
 
 from conftest import REPO, write_spec
 

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commdiag import certify, results, screening, stats, verdict
-from commdiag.stats import LESS, TWO_SIDED, LaunchValue
+from commdiag.analyse import certify, screening, stats, verdict
+from commdiag.formats import results
+from commdiag.analyse.stats import LESS, TWO_SIDED, LaunchValue
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 SIZES = {4096: 1, 65536: 16, 1048576: 256, 4194304: 1024}

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from commdiag import launcher
-from commdiag.results import load_run
+from commdiag.measure import launcher
+from commdiag.formats.results import load_run
 
 from conftest import REPO, free_port, run_cli, write_spec
 
@@ -201,7 +201,7 @@ def test_ranks_agree_on_one_batch_count(tmp_path):
     script = tmp_path / "agree.py"
     script.write_text(
         "import os, sys, torch, torch.distributed as dist\n"
-        "from commdiag.worker import make_agree\n"
+        "from commdiag.measure.worker import make_agree\n"
         "dist.init_process_group('gloo')\n"
         "rank = dist.get_rank()\n"
         "agree = make_agree(torch, dist, dist.new_group(backend='gloo'))\n"

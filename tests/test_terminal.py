@@ -16,7 +16,8 @@ def test_check_env_prints_an_escape_sequence_in_a_value_as_text():
 def test_the_sweep_table_fits_100_columns_and_never_cuts_two_names_alike():
     from pathlib import Path
 
-    from commdiag import cli, results
+    from commdiag import cli
+    from commdiag.formats import results
 
     data = results.load_run(Path(__file__).resolve().parent.parent / "benchmarks" / "h200x2-2026-11-30" / "nvlink2")
     summary = data.summary.copy()

@@ -23,7 +23,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import results, stats
+from ..formats import results
+from . import stats
 
 COMPARE_FORMAT, COMPARE_VERSION = "commdiag-compare", 2
 # Run-level settings that change what a number means (besides the fingerprint).

@@ -223,7 +223,7 @@ def _screen(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]
 
 def profile_plan(verdicts: Verdicts, run: dict, source: str, created: str) -> dict[str, tuple[dict, dict]]:
     """Which profile files a run folder gets: {file name: (settings, meta)} (module docstring)."""
-    from .spec import BAND_RE
+    from ..formats.spec import BAND_RE
 
     envs = {c["name"]: c.get("env", {}) for c in run.get("configs", [])}  # what was measured, base_env included
     plan: dict[str, tuple[dict, dict]] = {}

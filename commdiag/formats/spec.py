@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from . import ncclvars
-from .collectives import DTYPE_BYTES
-from .errors import SpecError, brief, terminal_safe
+from ..nccl import ncclvars
+from ..measure.collectives import DTYPE_BYTES
+from ..errors import SpecError, brief, terminal_safe
 
 BACKENDS = ("nccl", "gloo")
 MODES = ("graph", "eager")

@@ -31,9 +31,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import ncclog, ncclvars
-from .errors import EXIT_USAGE, CommdiagError
-from .metadata import libc_getenv
+from ..nccl import ncclog, ncclvars
+from ..errors import EXIT_USAGE, CommdiagError
+from ..metadata import libc_getenv
 
 # Statuses of one variable; the first three make a check fail.
 MISSING, MISMATCH, DIVERGED = "missing", "mismatch", "diverged"
@@ -52,7 +52,7 @@ def installed_settings() -> dict[str, str]:
     Read from the hook file itself (``commdiag_nccl_hook.py``, or commdiag's block in a
     ``sitecustomize.py``) on this interpreter's sys.path, in import order: what its start runs.
     """
-    from .hooktext import installed_settings as from_hook_files
+    from ..install.hooktext import installed_settings as from_hook_files
 
     return from_hook_files()
 
@@ -63,7 +63,7 @@ def resolve_expectation(expect: dict[str, str] | None = None, profile: str | os.
     settings: dict[str, str] = {}
     sources = []
     if profile is not None:
-        from . import profile as profile_mod
+        from ..formats import profile as profile_mod
 
         settings.update(profile_mod.load(profile).settings)
         sources.append(f"profile {profile}")
@@ -86,7 +86,7 @@ def describe_expectation(source: str) -> str:
 
 def parse_assignments(items, what: str = "--expect") -> dict[str, str]:
     """``["NAME=VALUE", ...]`` -> dict, validated like sweep specs (errors name the item)."""
-    from . import ncclvars
+    from ..nccl import ncclvars
 
     out: dict[str, str] = {}
     for item in items:
@@ -402,6 +402,6 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
                      proc.returncode, "\n".join(text.splitlines()[-20:]) if proc.returncode else "", text)
 
 
-if __name__ == "__main__":  # pragma: no cover - used as `python -m commdiag.envcheck` for a quick look
+if __name__ == "__main__":  # pragma: no cover - used as `python -m commdiag.environment.envcheck` for a quick look
     print(check_env().summary())
     sys.exit(0 if check_env().ok else 1)

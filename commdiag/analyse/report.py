@@ -43,9 +43,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, certify, results, stats, verdict
+from .. import __version__
+from . import certify, stats, verdict
+from ..formats import results
 from .screening import Screening, band_text
-from .atomic import write_text
+from ..atomic import write_text
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -520,7 +522,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, data: resul
 def write_profiles(run_dir: str | Path, verdicts: verdict.Verdicts, run: dict) -> tuple[str, ...]:
     """Write the certified winners' profiles (and remove stale ones this run folder holds from an
     earlier publish, e.g. before confirm --rounds changed the answer)."""
-    from . import profile
+    from ..formats import profile
 
     run_dir = Path(run_dir)
     created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

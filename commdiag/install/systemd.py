@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from . import hooktext
-from .errors import CommdiagError
+from ..errors import CommdiagError
 
 DROPIN_NAME = "commdiag-nccl.conf"
 SYSTEM_DIR = "/etc/systemd/system"

@@ -18,17 +18,18 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import PACKAGE_PARENT, hookplan, hookstate
-from . import profile as profile_mod
-from .errors import CommdiagError
+from .. import PACKAGE_PARENT
+from . import hookplan, hookstate
+from ..formats import profile as profile_mod
+from ..errors import CommdiagError
 from .hookstate import Roots
-from .pyprobe import run_bounded
+from ..environment.pyprobe import run_bounded
 
 VERIFY_TIMEOUT_S = 60.0  # a cold interpreter plus one spawn child: ~1 s; generous for a loaded machine
 
 
 def probe_target(python: str | None, flags=()):
-    from . import pyprobe
+    from ..environment import pyprobe
 
     return pyprobe.probe(python, flags=list(flags), cross_check=False)
 
@@ -186,7 +187,7 @@ if __name__ == "__main__":
               "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None)}
     try:
         sys.path.insert(0, sys.argv[2])  # commdiag's own package, importable in any target interpreter
-        from commdiag import envcheck
+        from commdiag.environment import envcheck
         result["check_env"] = envcheck.check_env(expect=json.loads(sys.argv[3])).to_json()
     except Exception as e:
         result["check_env"] = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}

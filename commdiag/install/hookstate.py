@@ -37,7 +37,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 
-from .errors import CommdiagError, brief
+from ..errors import CommdiagError, brief
 from .hookplan import ABSENT, DIR, DIR_MODE, FILE, OTHER, SYMLINK, FileState, Plan
 
 MANIFEST_FORMAT = "commdiag-hook-manifest"

@@ -59,8 +59,10 @@ import time
 import traceback
 from pathlib import Path
 
-from . import collectives, metadata, ncclog
-from .atomic import write_json
+from . import collectives
+from .. import metadata
+from ..nccl import ncclog
+from ..atomic import write_json
 
 FAULT = os.environ.get("COMMDIAG_TEST_FAULT", "")
 LAUNCH_FORMAT_VERSION = 2

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import PACKAGE_PARENT
+from .. import PACKAGE_PARENT
 
 KILL_GRACE_S = 5.0  # torchrun forwards SIGTERM to its workers; give them this long to exit
 MARKER = "COMMDIAG_LAUNCH_ID"
@@ -44,14 +44,14 @@ def torchrun_argv(nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id: s
                  f"--rdzv-id={rdzv_id}", f"--rdzv-conf=join_timeout={int(join_timeout_s)}"]
     else:
         argv += ["--standalone", "--nnodes=1"]
-    return argv + ["-m", "commdiag.worker", "--plan", str(plan_path)]
+    return argv + ["-m", "commdiag.measure.worker", "--plan", str(plan_path)]
 
 
 def launch_env(base: dict[str, str], config_env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
     env = dict(base)
     env.update(config_env)
     env.update(extra)
-    # The worker is started with -m commdiag.worker: make sure it imports this very commdiag.
+    # The worker is started with -m commdiag.measure.worker: make sure it imports this very commdiag.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, base.get("PYTHONPATH", "")) if p)
     return env
 
@@ -96,7 +96,7 @@ def launch_worker(folder: Path, plan: dict, *, base_env: dict[str, str], config_
     ``marker``: the launch's COMMDIAG_LAUNCH_ID, when the caller recorded it in run.json before
     launching (so that a resume after kill -9 can find the launch's orphans: runlock.reap_orphans);
     default a fresh one."""
-    from .atomic import write_json
+    from ..atomic import write_json
 
     write_json(folder / "plan.json", plan)
     marker = marker or new_marker()

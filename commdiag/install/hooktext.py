@@ -23,7 +23,7 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import CommdiagError, brief
+from ..errors import CommdiagError, brief
 
 HOOK_MODULE = "commdiag_nccl_hook"  # the pth method's module, in the target's site-packages
 PTH_NAME = "commdiag-nccl.pth"
@@ -57,7 +57,7 @@ def comment_safe(text: str, *, nccl: bool = False) -> str:
 
 def check_values(settings: dict[str, str]) -> None:
     """Reject what no target can carry safely: invalid names, control characters, NUL, newlines."""
-    from . import ncclvars
+    from ..nccl import ncclvars
 
     for name, value in settings.items():
         error, _ = ncclvars.check_setting(name, value)

@@ -25,9 +25,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ncclvars
-from .atomic import write_text
-from .errors import CommdiagError, brief
+from ..nccl import ncclvars
+from ..atomic import write_text
+from ..errors import CommdiagError, brief
 
 PROFILE_HEADER = "# commdiag-profile"
 PROFILE_VERSION = 1
@@ -49,7 +49,7 @@ class Profile:
         (control characters and non-ASCII escaped, so a band name or run-folder path with a
         newline cannot end its comment), settings are validated names and values without
         control characters (``hooktext.check_values``), quoted shell-style."""
-        from .hooktext import check_values, comment_safe
+        from ..install.hooktext import check_values, comment_safe
 
         check_values(self.settings)
         lines = [f"{PROFILE_HEADER} {PROFILE_VERSION}"]

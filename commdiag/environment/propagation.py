@@ -18,9 +18,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import PACKAGE_PARENT
+from .. import PACKAGE_PARENT
 from .envcheck import describe_expectation, resolve_expectation
-from .metadata import libc_getenv
+from ..metadata import libc_getenv
 
 EARLY_VAR = "COMMDIAG_PROPAGATION_EARLY"  # set by commdiag before each mechanism starts
 LATE_VAR = "COMMDIAG_PROPAGATION_LATE"  # set by commdiag after each mechanism started
@@ -103,7 +103,7 @@ def _mp_path(method: str, names, tmp: Path, late_value: str) -> dict:
     return json.loads(out.read_text())
 
 
-_CHILD_CMD = ("import sys, json; sys.path.insert(0, {parent!r}); from commdiag.propagation import _observe; "
+_CHILD_CMD = ("import sys, json; sys.path.insert(0, {parent!r}); from commdiag.environment.propagation import _observe; "
               "print(json.dumps(_observe(sys.argv[1:])))")
 
 
@@ -121,7 +121,7 @@ def _subprocess_path(copy_env: bool, names, late_value: str) -> dict:
 
 _TORCHRUN_SCRIPT = """import sys
 sys.path.insert(0, {parent!r})
-from commdiag.propagation import _torchrun_worker
+from commdiag.environment.propagation import _torchrun_worker
 if __name__ == "__main__":
     _torchrun_worker(sys.argv[1], sys.argv[2:])
 """

@@ -20,9 +20,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-from . import launcher, ncclog, results
-from .errors import CommdiagError
-from .spec import Spec
+from . import launcher
+from ..nccl import ncclog
+from ..formats import results
+from ..errors import CommdiagError
+from ..formats.spec import Spec
 
 _CHOICE_VARS = {"NCCL_PROTO": "proto", "NCCL_ALGO": "algo"}
 

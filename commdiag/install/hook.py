@@ -32,9 +32,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, hookplan, hookstate, hooktext, ncclvars, systemd
-from . import profile as profile_mod
-from .errors import CommdiagError
+from .. import __version__
+from . import hookplan, hookstate, hooktext, systemd
+from ..nccl import ncclvars
+from ..formats import profile as profile_mod
+from ..errors import CommdiagError
 from .hookcheck import Verification, probe_target, render_status, status, verify_python  # noqa: F401 (the API)
 from .hookplan import BLOCK, OWNED, Desired, Plan, Target
 from .hookstate import Roots

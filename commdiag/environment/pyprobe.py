@@ -37,7 +37,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .errors import CommdiagError, brief
+from ..errors import CommdiagError, brief
 
 PROBE_TIMEOUT_S = 30.0  # a cold interpreter on a loaded machine starts in well under a second
 _MARK = "COMMDIAG-PYPROBE "

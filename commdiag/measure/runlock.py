@@ -28,7 +28,7 @@ import signal
 import time
 from pathlib import Path
 
-from .errors import CommdiagError
+from ..errors import CommdiagError
 from .launcher import MARKER
 
 LOCK_NAME = ".lock"

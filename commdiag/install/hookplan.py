@@ -29,7 +29,7 @@ import posixpath
 from dataclasses import dataclass, field, replace
 
 from . import hooktext
-from .errors import CommdiagError
+from ..errors import CommdiagError
 
 ABSENT, FILE, SYMLINK, DIR, OTHER = "absent", "file", "symlink", "dir", "other"
 FILE_MODE = 0o644  # what commdiag writes: readable by the service user, writable by root only

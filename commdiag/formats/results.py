@@ -41,9 +41,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import collectives
-from .atomic import write_json, write_text
-from .errors import CommdiagError, brief
+from ..measure import collectives
+from ..atomic import write_json, write_text
+from ..errors import CommdiagError, brief
 
 RUN_FORMAT = "commdiag-run"
 RUN_FORMAT_VERSION = 3

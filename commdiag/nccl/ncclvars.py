@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import re
 
-from .errors import brief
+from ..errors import brief
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 ALGORITHMS = ("Ring", "Tree", "CollnetDirect", "CollnetChain", "NVLS", "NVLSTree", "PAT")

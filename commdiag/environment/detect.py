@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 
 from . import pyprobe
-from .errors import CommdiagError
+from ..errors import CommdiagError
 from .topology import Topology, topology
 
 

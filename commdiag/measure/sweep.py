@@ -28,9 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, certify, launcher, metadata, results, runlock, stats, verdict
-from .errors import CommdiagError
-from .spec import Spec, launch_order
+from .. import __version__, metadata
+from ..analyse import certify, stats, verdict
+from . import launcher, runlock
+from ..formats import results
+from ..errors import CommdiagError
+from ..formats.spec import Spec, launch_order
 
 TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
 # Variables NCCL reads at every communicator's init (its tuning model), not once per process:

@@ -1,0 +1,1 @@
+"""From stored results to answers: screening, certification, verdicts, reports, compare."""

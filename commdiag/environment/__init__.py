@@ -1,0 +1,1 @@
+"""Did the settings arrive: check-env, propagation, interpreter probes, detect, doctor."""

@@ -1,0 +1,1 @@
+"""The on-disk formats: the sweep spec, the run folder, profiles."""

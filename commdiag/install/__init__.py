@@ -1,0 +1,1 @@
+"""Persisting settings: Python startup hooks, systemd drop-ins, nccl.conf, exact undo."""

@@ -1,0 +1,1 @@
+"""NCCL's own vocabulary: its variables and its log."""
