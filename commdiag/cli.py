@@ -163,7 +163,7 @@ def _finish_run(res, as_json: bool) -> None:
 
     data = results.load_run(res.run_dir)
     # Verdicts, report and profiles need every launch: an interrupted run has none of them yet.
-    pub = report.publish(res.run_dir) if res.state == "complete" else None
+    pub = report.publish(res.run_dir, data) if res.state == "complete" else None
     if as_json:
         _echo(json.dumps({"format": "commdiag-sweep-result", "version": 2, "run_dir": str(res.run_dir),
                                "state": res.state, "launches": res.counts,

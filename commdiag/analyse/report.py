@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from . import certify, stats, verdict
+from . import stats, verdict
 from ..formats import results
-from .screening import Screening, band_text
+from .screening import band_text
 from ..atomic import write_text
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -512,8 +512,8 @@ class Published:
 def write_report(run_dir: str | Path, out: str | Path | None = None, data: results.RunData | None = None,
                  verdicts: verdict.Verdicts | None = None) -> tuple[Path, verdict.Verdicts]:
     data = data or results.load_run(run_dir)
-    values = stats.launch_values(data.samples, stats.usable_launches(data.run), stats.launch_stages(data.run))
-    verdicts = verdicts or verdict.evaluate_run(data)
+    values = verdict.run_values(data)  # once: the verdicts and the plots' launch points share them
+    verdicts = verdicts or verdict.evaluate_run(data, values)
     path = Path(out) if out else Path(run_dir) / "report.html"
     write_text(path, build_html(data, verdicts, values))
     return path, verdicts
@@ -537,9 +537,10 @@ def write_profiles(run_dir: str | Path, verdicts: verdict.Verdicts, run: dict) -
     return tuple(plan)
 
 
-def publish(run_dir: str | Path) -> Published:
-    """The end of a sweep: verdicts, report.html and the certified winners' profiles."""
-    data = results.load_run(run_dir)
+def publish(run_dir: str | Path, data: results.RunData | None = None) -> Published:
+    """The end of a sweep: verdicts, report.html and the certified winners' profiles (``data``: the
+    run folder already loaded)."""
+    data = data or results.load_run(run_dir)
     path, verdicts = write_report(run_dir, data=data)
     return Published(path, verdicts, write_profiles(run_dir, verdicts, data.run))
 

@@ -17,7 +17,6 @@ incorrect launch and no wrong element anywhere.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from .stats import DEFAULT, MIN_EFFECT, NOISE_WARN, LaunchValue, exp, mean, pooled_sd
@@ -176,12 +175,3 @@ def candidates(screening: Screening) -> dict[str, Estimate]:
         if cands:
             out[b] = min(cands, key=lambda c: (c.ratio, c.config))
     return out
-
-
-def noise_sd(screening: Screening, mode: str, band: str) -> float | None:
-    cells = [c for c in screening.band_cells if c.mode == mode and c.band == band]
-    return cells[0].noise if cells else None
-
-
-def fmt_ratio(r: float | None) -> str:
-    return "n/a" if r is None or not math.isfinite(r) else f"{r:.3f}"

@@ -142,7 +142,7 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
     else:
         tested = sorted({c.claim.config for c in v.certifications if c.claim.config in twins})
         notes.append(f"A/A check: PASS: {names} (identical to default) "
-                     + (f"tested in stage 2 and not certified" if tested else "not even a screening candidate"))
+                     + ("tested in stage 2 and not certified" if tested else "not even a screening candidate"))
     return notes
 
 
@@ -198,18 +198,21 @@ def run_dir_hint(run: dict) -> str:
     return run.get("_run_dir") or "RUN_DIR"
 
 
-def evaluate_run(data) -> Verdicts:
-    """Verdicts for a loaded run folder (``results.RunData``)."""
+def run_values(data) -> list[stats.LaunchValue]:
+    """Every usable launch's values of a loaded run folder, with its stage."""
+    return stats.launch_values(data.samples, stats.usable_launches(data.run), stats.launch_stages(data.run))
+
+
+def evaluate_run(data, values: list[stats.LaunchValue] | None = None) -> Verdicts:
+    """Verdicts for a loaded run folder (``results.RunData``); ``values``: its run_values, when already computed."""
     run = {**data.run, "_run_dir": str(data.path)}  # for the commands the notes suggest
-    values = stats.launch_values(data.samples, stats.usable_launches(run), stats.launch_stages(run))
-    return evaluate(values, run, stats.exclusions(run, data.summary))
+    return evaluate(run_values(data) if values is None else values, run, stats.exclusions(run, data.summary))
 
 
 def screening_of(data) -> tuple[Screening, list[stats.LaunchValue]]:
     """Stage 1 alone (what the sweep plans stage 2 from)."""
-    run = data.run
-    values = stats.launch_values(data.samples, stats.usable_launches(run), stats.launch_stages(run))
-    return _screen(values, run, stats.exclusions(run, data.summary)), values
+    values = run_values(data)
+    return _screen(values, data.run, stats.exclusions(data.run, data.summary)), values
 
 
 def _screen(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]) -> Screening:

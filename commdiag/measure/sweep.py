@@ -343,8 +343,8 @@ def _mean_wall(run: dict) -> float | None:
 
 def _plan_stage2(spec: Spec, run: dict, run_dir: Path, rounds: int | None) -> StagePlan:
     """Screen stage 1, record the confirmation plan in run.json and append its pending launches."""
-    results.assemble(run_dir, run)
-    scr, _ = verdict.screening_of(results.load_run(run_dir))
+    samples, summary = results.assemble(run_dir, run)  # the tables just built, not read back from disk
+    scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
     claims = certify.plan_claims(scr, spec.confirm_configs)
     stage1 = sum(1 for l in run["launches"] if int(l.get("stage", 1)) == 1)
     alpha = stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA  # --certify-sizes spends the other half
