@@ -157,8 +157,8 @@ def doctor(pythons=(), *, expect: dict | None = None, profile=None, nvml_reading
 def render(r: DoctorReport) -> str:
     lines = []
     for f in r.findings:
-        lines.append(f"[{f.severity.upper():8}] {f.check}: {f.title}")
-        # wrapped to 100 columns; a path longer than a line stays whole
+        # wrapped to 100 columns (the headline too: a long interpreter path); a path longer than a line stays whole
+        lines += detect_mod.wrapped(f"[{f.severity.upper():8}] ", f"{f.check}: {f.title}", "")
         if f.evidence and f.severity != "ok":
             lines += detect_mod.wrapped("evidence: ", f.evidence, " " * 11)
         if f.action and f.severity != "ok":
