@@ -158,6 +158,15 @@ def wrapped(label: str, text: str, indent: str) -> list[str]:
                          break_on_hyphens=False, break_long_words=False)
 
 
+def _entry(text: str) -> list[str]:
+    """One entry of an interpreter's listing within 100 columns: wrapped at its spaces (a long path moves to
+    a line of its own, under the entry), never cut inside a path."""
+    import textwrap
+
+    return textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="      ", break_on_hyphens=False,
+                         break_long_words=False)
+
+
 def render(d: Detection) -> str:
     lines = ["Python hooks"]
     for r in d.pythons:
@@ -167,22 +176,22 @@ def render(d: Detection) -> str:
             continue
         h = r.hooks
         venv = f" (venv of {h.base_prefix})" if h.in_venv else ""
-        lines.append(f"    Python {h.version}, prefix {h.prefix}{venv}")
+        lines += _entry(f"Python {h.version}, prefix {h.prefix}{venv}")
         target = f" -> {h.sitecustomize_target}" if h.sitecustomize_target and h.sitecustomize_target != h.sitecustomize else ""
         lines.append(f"    sitecustomize: {h.sitecustomize or 'none'}{target}")
         for s in h.shadowed_sitecustomize:
             lines.append(f"    SHADOWED (will not load): {s}")
             why, command, how = shadowing(h, s)
             lines += wrapped("why: ", why, "      ") + wrapped("do:  ", f"{command} ({how})", "      ")
-        lines.append(f"    usercustomize: {h.usercustomize or 'none'}   user site: {h.user_site} "
-                     f"({'enabled' if h.user_site_enabled else 'disabled'})")
+        lines += _entry(f"usercustomize: {h.usercustomize or 'none'}   user site: {h.user_site} "
+                        f"({'enabled' if h.user_site_enabled else 'disabled'})")
         for f, n, line in h.pth_exec:
-            lines.append(f"    .pth runs code: {f}:{n}")
+            lines += _entry(f".pth runs code: {f}:{n}")
             lines.append(f"      {line[:90]}{'...' if len(line) > 90 else ''}")
         if h.disabled_by:
             lines.append(f"    disabled by: {', '.join(h.disabled_by)}")
-        lines.append(f"    site-packages: {', '.join(h.site_packages) or 'none'}")
-        lines.append(f"    cross-check (a normal start): {h.cross_check}")
+        lines += _entry(f"site-packages: {', '.join(h.site_packages) or 'none'}")
+        lines += _entry(f"cross-check (a normal start): {h.cross_check}")
     lines.append("")
     t = d.topology
     if not t.available:
