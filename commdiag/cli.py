@@ -46,7 +46,7 @@ class _Group(click.Group):
     any other exception is one line naming what failed (exit 2), its traceback behind --debug.
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
-    ORDER = ("doctor", "sweep", "confirm", "report", "compare", "explain", "install-hook", "tuner", "check-env",
+    ORDER = ("doctor", "sweep", "confirm", "step", "report", "compare", "explain", "install-hook", "tuner", "check-env",
              "detect")
 
     def list_commands(self, ctx):
@@ -139,6 +139,9 @@ def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_si
     spec = None
     if resume is None:
         spec = spec_mod.load_spec(spec_file, sets)
+        if spec.model:
+            raise errors.CommdiagError(f"{spec_file}: model: this is a step spec (a synthetic TP layer); run it "
+                                       f"with  commdiag step {spec_file}")
         for w in spec.warnings:
             _echo(f"commdiag: warning: {w}", err=True)
     progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
@@ -149,6 +152,53 @@ def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_si
 
         explain_mod.run_explain(res.run_dir)
     _finish_run(res, as_json)
+
+
+@main.command("step", short_help="Is communication the bottleneck? A TP decode step, per NCCL config.")
+@click.argument("spec_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec key, e.g. --set model.layers=8 or --set base_env.NCCL_P2P_DISABLE=1.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path),
+              help="Run folder (default: reports/<UTC timestamp>-<name>/).")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Continue an interrupted step run; finished launches are not redone.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
+@click.option("--no-confirm", is_flag=True,
+              help="Stop after screening: estimates only; commdiag confirm RUN_DIR certifies later.")
+def step_cmd(spec_file, sets, out, resume, as_json, no_confirm):
+    """Time a synthetic tensor-parallel step (the spec's model: block) per NCCL config: the step, the same step
+    without its all-reduces and the all-reduces alone, graph and eager.  Prints the all-reduces' share of the
+    step and, certified as in sweep, whether a config changes the step time (docs/step.md)."""
+    from .formats import spec as spec_mod
+    from .measure import sweep as sweep_mod
+
+    if resume is None and spec_file is None:
+        raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
+    if resume is not None and (spec_file is not None or sets or out is not None or no_confirm):
+        raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "
+                               "do not give a SPEC_FILE, --set, --out or --no-confirm with it")
+    spec = None
+    if resume is None:
+        spec = spec_mod.load_spec(spec_file, sets)
+        if not spec.model:
+            raise errors.CommdiagError(f"{spec_file}: model: missing; commdiag step needs the layer's shape "
+                                       "(docs/step.md); for an all-reduce sweep use  commdiag sweep")
+        for w in spec.warnings:
+            _echo(f"commdiag: warning: {w}", err=True)
+    progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
+    res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
+                              confirm=not no_confirm)
+    _finish_run(res, as_json)
+
+
+def _step_table(data):
+    """(text, JSON) of commdiag step's table for a step run folder, else None."""
+    if not data.run["spec"].get("model"):
+        return None
+    from .analyse import steptable, verdict
+
+    rows = steptable.step_rows(verdict.run_values(data), data.run)
+    return steptable.render(rows), steptable.to_json(rows)
 
 
 def _print_plan(plan) -> None:
@@ -164,15 +214,19 @@ def _finish_run(res, as_json: bool) -> None:
     data = results.load_run(res.run_dir)
     # Verdicts, report and profiles need every launch: an interrupted run has none of them yet.
     pub = report.publish(res.run_dir, data) if res.state == "complete" else None
+    step = _step_table(data)
     if as_json:
         _echo(json.dumps({"format": "commdiag-sweep-result", "version": 2, "run_dir": str(res.run_dir),
                                "state": res.state, "launches": res.counts,
                                "summary": json.loads(data.summary.to_json(orient="records")),
                                "verdicts": pub.verdicts.to_json() if pub else None,
                                "report": str(pub.report) if pub else None,
-                               "profiles": [str(res.run_dir / p) for p in pub.profiles] if pub else []}, indent=1))
+                               "profiles": [str(res.run_dir / p) for p in pub.profiles] if pub else [],
+                               **({"step": step[1]} if step else {})}, indent=1))
     else:
         _echo(render_table(data.summary))
+        if step:
+            _echo("\n" + step[0])
         if pub:
             _echo("\n" + report.render_verdicts(pub.verdicts))
             _echo(f"\nreport: {pub.report}")
@@ -240,10 +294,16 @@ def report_cmd(run_dir, out, as_json):
     if out is not None:
         check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
     path, verdicts = report.write_report(run_dir, out)
+    from .formats import results
+
+    step = _step_table(results.load_run(run_dir))
     if as_json:
         _echo(json.dumps({"format": "commdiag-verdicts", "version": 2, "run_dir": str(run_dir),
-                               "report": str(path), "verdicts": verdicts.to_json()}, indent=1))
+                               "report": str(path), "verdicts": verdicts.to_json(),
+                               **({"step": step[1]} if step else {})}, indent=1))
     else:
+        if step:
+            _echo(step[0] + "\n")
         _echo(report.render_verdicts(verdicts))
         _echo(f"\nreport: {path}")
 

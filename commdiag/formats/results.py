@@ -147,9 +147,24 @@ def read_launch_result(run_dir: Path, index: int) -> dict | None:
         return None
 
 
+# The series name analyses key on, per via: graph/eager via torch and for commdiag step's full step;
+# graph-direct/eager-direct via libnccl; a step's ablations graph-compute (all-reduces removed) and
+# graph-comm (compute removed).
+VIA_SUFFIX = {"torch": "", "nccl-direct": "-direct", "step": "", "step-compute": "-compute", "step-comm": "-comm"}
+
+
 def mode_label(mode: str, via: str) -> str:
-    """The series name analyses key on: ``graph``/``eager`` via torch, ``graph-direct``/``eager-direct`` via libnccl."""
-    return mode if via == "torch" else f"{mode}-direct"
+    return mode + VIA_SUFFIX.get(via, f"-{via}")
+
+
+def label_series(label: str, vias) -> tuple[str, str]:
+    """(mode, via) of a series label among a run's ``vias``: the inverse of mode_label."""
+    for via in sorted(vias, key=lambda v: -len(VIA_SUFFIX.get(v, v))):
+        suffix = VIA_SUFFIX.get(via, f"-{via}")
+        if suffix and label.endswith(suffix):
+            return label[:-len(suffix)], via
+    plain = [v for v in vias if not VIA_SUFFIX.get(v, "x")]
+    return label, plain[0] if plain else "torch"
 
 
 def _by_via(rank: dict, key: str) -> dict:

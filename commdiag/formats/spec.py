@@ -29,6 +29,9 @@ MODES = ("graph", "eager")
 # (what inference servers' own "pynccl" wrappers do).  Not named "backend": that key is
 # the process group's backend (nccl or gloo).
 VIAS = ("torch", "nccl-direct")
+# commdiag step (stepspec.py): the synthetic TP layer's step, the same step with its all-reduces
+# removed (compute only) and with its compute removed (the all-reduces only).
+STEP_VIAS = ("step", "step-compute", "step-comm")
 REPLAY_STREAMS = ("side", "default")
 DEFAULT_CONFIG = "default"
 # Size bands for verdicts (tokens, inclusive); null = unbounded.  Decode steps and
@@ -88,6 +91,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "bands": ((dict, type(None)), None),
     "confirm": ((dict, type(None)), None),
     "allow_large": ((bool,), False),
+    "model": ((dict, type(None)), None),
 }
 
 
@@ -141,6 +145,8 @@ class Spec:
     # (faster or slower, two-sided) besides the screening's candidates, and the rounds (None: auto).
     confirm_configs: tuple[str, ...] = ()
     confirm_rounds: int | None = None
+    # commdiag step: the layer's shape (stepspec.StepModel as a dict); None for an all-reduce sweep.
+    model: dict | None = None
 
     def config(self, name: str) -> Config:
         return next(c for c in self.configs if c.name == name)
@@ -397,18 +403,26 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     modes = _choices(path, "modes", modes, MODES,
                      {"graph": "graph mode needs CUDA (backend: nccl); gloo allows: eager"}, backend)
 
+    model_raw = get("model")
     vias = get("vias")
-    if vias is None:
-        # Both call paths for NCCL: what a framework pays through torch.distributed beside the
-        # libnccl floor (ran cleanly on 2x H200, benchmarks/h200x2-2026-11-29b). gloo: torch only.
-        vias = ["torch", "nccl-direct"] if backend == "nccl" else ["torch"]
-    vias = _choices(path, "vias", vias, VIAS,
-                    {"nccl-direct": "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch"}, backend)
+    if model_raw is not None:
+        vias = _step_vias(path, vias)
+    else:
+        if vias is None:
+            # Both call paths for NCCL: what a framework pays through torch.distributed beside the
+            # libnccl floor (ran cleanly on 2x H200, benchmarks/h200x2-2026-11-29b). gloo: torch only.
+            vias = ["torch", "nccl-direct"] if backend == "nccl" else ["torch"]
+        vias = _choices(path, "vias", vias, VIAS,
+                        {"nccl-direct": "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch"}, backend)
     replay_stream = get("replay_stream")
     if replay_stream not in REPLAY_STREAMS:
         raise SpecError(path, "replay_stream", f"{brief(replay_stream)} is not one of {', '.join(REPLAY_STREAMS)}")
 
-    sizes = _resolve_sizes(path, get("sizes"), dtype, large)
+    model, sizes_raw = None, get("sizes")
+    if model_raw is not None:
+        model = _resolve_step(path, raw, model_raw, nproc, nnodes)
+        sizes_raw = {**sizes_raw, "hidden": model["hidden"]}
+    sizes = _resolve_sizes(path, sizes_raw, dtype, large)
     base_env = _env_map(path, "base_env", get("base_env"), warnings)
     configs = _resolve_configs(path, raw, base_env, warnings, large)
     if not large and len(configs) * trials > LIMITS["launches"]:
@@ -431,7 +445,43 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
         reuse_process=bool(get("reuse_process")),
         confirm_configs=confirm_configs, confirm_rounds=confirm_rounds,
+        model=model,
     )
+
+
+def _step_vias(path, vias) -> tuple[str, ...]:
+    """A step spec's series: the full step always, its two ablations by default."""
+    if vias is None:
+        return STEP_VIAS
+    if not isinstance(vias, list) or not vias:
+        raise SpecError(path, "vias", f"must be a non-empty list from {', '.join(STEP_VIAS)}")
+    for i, v in enumerate(vias):
+        if v not in STEP_VIAS:
+            raise SpecError(path, f"vias[{i}]", f"{brief(v)} is not a series of commdiag step "
+                                                f"(allowed: {', '.join(STEP_VIAS)})")
+    if "step" not in vias:
+        raise SpecError(path, "vias", "must include step (the full step every verdict is about)")
+    return tuple(v for v in STEP_VIAS if v in vias)
+
+
+def _resolve_step(path, raw: dict, model_raw, nproc, nnodes) -> dict:
+    """``model:`` (commdiag step): the layer's shape; the sizes are its all-reduces (tokens x hidden)."""
+    from .stepspec import resolve_model
+
+    sizes = raw.get("sizes")
+    if not isinstance(sizes, dict) or not sizes.get("tokens"):
+        raise SpecError(path, "sizes.tokens", "required with model: the tokens per step (1-3 for decode, "
+                                              "a few hundred for a prefill chunk)")
+    if sizes.get("bytes"):
+        raise SpecError(path, "sizes.bytes", "not with model: a step's all-reduces are tokens x model.hidden")
+    tp = nproc * nnodes if nproc is not None else None
+    model = resolve_model(path, model_raw, tp=tp, tokens=list(sizes["tokens"]))
+    if sizes.get("hidden", model.hidden) != model.hidden:
+        raise SpecError(path, "sizes.hidden", f"{brief(sizes.get('hidden'))} differs from model.hidden "
+                                              f"({model.hidden}); leave it out")
+    if raw.get("reuse_process"):
+        raise SpecError(path, "reuse_process", "not with model: each step launch builds its own layer")
+    return model.to_json()
 
 
 def _resolve_sizes(path, sizes: dict | None, dtype: str, large: bool = False) -> tuple[Size, ...]:

@@ -119,6 +119,10 @@ def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict
 def _method(spec: Spec) -> dict:
     """How this run measures, in words: stored in run.json, shown by the report, compared by compare."""
     method = {"combine_ranks": "per iteration, the max over ranks"}
+    if spec.model:
+        from . import tpstep
+        method.update(tpstep.method_text(spec))
+        return method
     if spec.reuse_process:
         method["process"] = ("reuse_process: per trial, configs that differ only in "
                              f"{'/'.join(PER_COMMUNICATOR)} share one torchrun process, each with fresh "
@@ -362,9 +366,9 @@ def _stage2_measure(spec: Spec, claims, band_sizes: dict) -> dict:
     """The worker plan of a stage-2 launch: only the claims' series (graph via torch, graph-direct via
     nccl-direct, ...), at every band's sizes (a winner's ratio in the other bands decides profile.env);
     a stage-2 launch then costs little more than its start."""
-    series = {c.mode for c in claims}
-    modes = sorted({m.removesuffix("-direct") for m in series}, key=list(spec.modes).index)
-    vias = sorted({"nccl-direct" if m.endswith("-direct") else "torch" for m in series}, key=list(spec.vias).index)
+    series = [results.label_series(c.mode, spec.vias) for c in claims]
+    modes = sorted({m for m, _ in series}, key=list(spec.modes).index)
+    vias = sorted({v for _, v in series}, key=list(spec.vias).index)
     sizes = sorted({s for sizes in band_sizes.values() for s in sizes} | {c.size_bytes for c in claims
                                                                          if c.size_bytes is not None})
     return {"modes": modes, "vias": vias, "sizes": sizes or [s.bytes for s in spec.sizes]}
@@ -481,6 +485,9 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
         "out_dir": str(folder.resolve()), "config": config["name"], "launch": first["index"],
         "nccl_debug_file": debug_env.get("NCCL_DEBUG_FILE"),
     }
+    if spec.model:
+        plan["model"] = spec.model  # commdiag step: the worker runs the TP layer's step (tpstep.py)
+        plan["tokens"] = {str(s.bytes): s.tokens for s in spec.sizes}
     if first.get("stage") == 2 and run.get("confirmation", {}).get("measure"):
         plan.update(run["confirmation"]["measure"])  # stage 2 measures only what its claims test
     if reuse:

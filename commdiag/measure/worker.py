@@ -193,7 +193,7 @@ def _run(plan: dict, rank: int) -> int:
         _apply_env(run.get("set_env"))
         log_from = _log_size(plan.get("nccl_debug_file"))
         paths = []
-        for via in plan.get("vias", ["torch"]):
+        for via in (["torch"] if plan.get("model") else plan.get("vias", ["torch"])):
             if via == "torch":
                 # reuse_process: a fresh communicator per run, created after its variables were set
                 group = dist.new_group(backend=backend) if reuse else None
@@ -225,6 +225,9 @@ def _run(plan: dict, rank: int) -> int:
 
 def _measure(torch, dist, plan, paths, agree, dtype, device, rank, world, backend, info) -> dict:
     """The correctness check and the timings of one run: every size, call path and mode."""
+    if plan.get("model"):  # commdiag step: the TP layer's step and its two ablations (tpstep.py)
+        from . import tpstep
+        return tpstep.measure(torch, dist, plan, paths[0], agree, dtype, device, rank, world, backend, info)
     wrong: dict = {p.name: {} for p in paths}
     samples: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}
     batches: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}

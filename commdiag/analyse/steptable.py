@@ -1,0 +1,114 @@
+"""commdiag step's table: per config, tokens and mode, the step time and the all-reduces' share of it.
+
+Why a share and not only a time: a certified 20% faster all-reduce is worth 20% x share
+of a step.  The share is measured, not modelled: ``1 - t(step-compute) / t(step)``,
+both from the same launch (the step with its all-reduces removed, against the whole
+step), then summarised over launches with its spread.  ``t(step-comm) / t(step)`` (the
+all-reduces alone) is shown beside it: when it is larger than the share, part of the
+communication overlaps compute or waits less inside the step than it does alone.
+
+Every number is a per-launch value (the trimmed geometric mean of the launch's samples,
+stats.launch_values) summarised as the median over launches, with the range and the
+launch count.  Which config changes the step time beyond the noise is decided by the
+verdicts (stage 2, certify.py), never by this table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from . import stats
+
+STEP_TABLE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    lo: float
+    hi: float
+    launches: int
+
+    def text(self, fmt: str = "{:.1f}", scale: float = 1.0) -> str:
+        return (fmt.format(self.median * scale) + " [" + fmt.format(self.lo * scale) + "-"
+                + fmt.format(self.hi * scale) + f"] n={self.launches}")
+
+
+@dataclass(frozen=True)
+class StepRow:
+    config: str
+    tokens: int | None
+    size_bytes: int
+    mode: str
+    step_us: Spread
+    compute_us: Spread | None
+    comm_us: Spread | None
+    comm_share: Spread | None     # 1 - compute/step, per launch
+    comm_alone: Spread | None     # comm/step, per launch
+    tokens_per_s: float | None    # tokens / median step time
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _spread(xs: list[float]) -> Spread | None:
+    if not xs:
+        return None
+    return Spread(stats.median(xs), min(xs), max(xs), len(xs))
+
+
+def step_rows(values: list[stats.LaunchValue], run: dict) -> list[StepRow]:
+    """The table from a run's launch values (verdict.run_values)."""
+    tokens = {s["bytes"]: s.get("tokens") for s in run["spec"]["sizes"]}
+    modes = run["spec"]["modes"]
+    by = {(v.config, v.size_bytes, v.mode, v.launch): v.value for v in values}
+    rows = []
+    configs = [c["name"] for c in run["configs"]]
+    for mode in modes:
+        for size in sorted(tokens):
+            for c in configs:
+                launches = sorted({l for (cc, s, m, l) in by if cc == c and s == size and m == mode})
+                if not launches:
+                    continue
+                step = [math.exp(by[(c, size, mode, l)]) for l in launches]
+                comp = [math.exp(by[k]) for l in launches if (k := (c, size, f"{mode}-compute", l)) in by]
+                comm = [math.exp(by[k]) for l in launches if (k := (c, size, f"{mode}-comm", l)) in by]
+                share = [1.0 - math.exp(by[(c, size, f"{mode}-compute", l)] - by[(c, size, mode, l)])
+                         for l in launches if (c, size, f"{mode}-compute", l) in by]
+                alone = [math.exp(by[(c, size, f"{mode}-comm", l)] - by[(c, size, mode, l)])
+                         for l in launches if (c, size, f"{mode}-comm", l) in by]
+                s = _spread(step)
+                tps = tokens[size] / (s.median * 1e-6) if tokens[size] and s.median > 0 else None
+                rows.append(StepRow(c, tokens[size], size, mode, s, _spread(comp), _spread(comm), _spread(share),
+                                    _spread(alone), tps))
+    return rows
+
+
+def to_json(rows: list[StepRow]) -> dict:
+    return {"format": "commdiag-step-table", "version": STEP_TABLE_VERSION, "rows": [r.to_json() for r in rows]}
+
+
+def render(rows: list[StepRow], names=str) -> str:
+    """The console table (under 100 columns per line: each row is two lines)."""
+    if not rows:
+        return "step: no measured steps yet"
+    out = ["step time and the all-reduces' share (per launch; median [min-max] over n launches; "
+           "share = 1 - compute-only / step)"]
+    for mode in dict.fromkeys(r.mode for r in rows):
+        out.append(f"  {mode} mode")
+        out.append(f"  {'tokens':>6}  {'config':<14} {'step (us)':<32} {'tokens/s':>10}")
+        for r in (r for r in rows if r.mode == mode):
+            tps = f"{r.tokens_per_s:10.0f}" if r.tokens_per_s else f"{'-':>10}"
+            out.append(f"  {r.tokens if r.tokens is not None else '-':>6}  {names(r.config)[:14]:<14} "
+                       f"{r.step_us.text():<32} {tps}")
+            parts = []
+            if r.comm_share:
+                parts.append("comm share " + r.comm_share.text("{:.1f}%", 100.0).replace(f" n={r.comm_share.launches}", ""))
+            if r.compute_us:
+                parts.append(f"compute-only {r.compute_us.median:.1f} us")
+            if r.comm_alone:
+                parts.append(f"all-reduces alone {r.comm_alone.median * 100:.1f}% of the step")
+            if parts:
+                out.append("          " + "; ".join(parts))
+    return "\n".join(out)
