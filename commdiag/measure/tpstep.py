@@ -93,7 +93,7 @@ class Step:
             self.route = torch.arange(n * per, device=device) % tokens
 
     def _attn(self, w: Weights, h):
-        torch, m, tp, T = self.torch, self.m, self.tp, self.T
+        m, tp, T = self.m, self.tp, self.T
         nq, nkv, hd = m.q_heads(tp), m.kv_heads_rank(tp), m.head_dim
         qkv = h @ w.qkv
         q = qkv[:, : nq * hd].reshape(1, T, nq, hd).transpose(1, 2)
