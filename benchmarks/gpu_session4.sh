@@ -8,6 +8,7 @@
 #   reconcile  nccl-tests vs commdiag for the seed settings at 14.7 MB (issue 14, "reconcile one number")
 #   step       commdiag step, seed-shaped MoE at TP=2, decode sizes, default vs seed (issue 15)
 #   step-p2poff  the same with NCCL_P2P_DISABLE=1
+#   reconcile-l2  benchmarks/reconcile_l2.py: in place vs out of place, 117 MB slice, L2 flush, random data
 #   tuner      per-size certified PROTO x ALGO sweep -> tuner rules -> default vs tuned (certified per size),
 #              with and without NCCL_P2P_DISABLE=1 (issue 14)
 set -u
@@ -158,6 +159,12 @@ for stage in "$@"; do
     step-p2poff) run_stage step-p2poff step sweeps/step-moe-tp2.yaml --set 'sizes.tokens=[1,2,3]' --set trials=2 \
                    --set base_env.NCCL_P2P_DISABLE=1;;
     tuner) tuner;;
+    reconcile-l2) [ -f $G/done-reconcile-l2 ] || {  # which buffer state explains nccl-tests' 172/193 us
+        for cfg in seed default; do
+          if [ $cfg = seed ]; then e="NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_P2P_LEVEL=SYS NCCL_MAX_NCHANNELS=16 NCCL_BUFFSIZE=16777216 NCCL_NTHREADS=512"; else e=""; fi
+          env $e timeout 120 torchrun --nproc_per_node 2 benchmarks/reconcile_l2.py > $G/reconcile-l2-$cfg.txt 2>&1
+          echo "reconcile-l2 $cfg rc=$?"; grep -v '^\*\|OMP_NUM' $G/reconcile-l2-$cfg.txt | tail -8
+        done; touch $G/done-reconcile-l2; };;
     *) echo "unknown stage $stage"; exit 2;;
   esac
   echo "== after $stage: $(left)s left"
