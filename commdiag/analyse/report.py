@@ -122,6 +122,7 @@ def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[sta
     configs = [c["name"] for c in data.run.get("configs", [])]
     color = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(configs)}
     tokens_by_size = {s["bytes"]: s.get("tokens") for s in data.run.get("spec", {}).get("sizes", [])}
+    step_run = bool(data.run.get("spec", {}).get("model"))
     figs = []
     rows = {}  # (mode, config) -> list of summary rows sorted by size
     for r in summary.sort_values("size_bytes").itertuples(index=False):
@@ -146,12 +147,14 @@ def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[sta
             bw.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": xs,
                        "y": [r.busbw_gbps for r in rs], "line": {"color": color[c]},
                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.3f}} GB/s<extra></extra>"})
+        what = "one step of the TP model (commdiag step)" if step_run else "per all-reduce"
         figs.append({"id": f"latency-{mode}", "title": f"Latency vs size ({mode})", "data": lat,
-                     "layout": _layout(f"Latency per all-reduce vs size, {mode} mode (points: each launch's value, the trimmed geometric mean)",
-                                       _axis("size per rank (bytes)"), _axis("time (us)"))})
-        figs.append({"id": f"busbw-{mode}", "title": f"Bus bandwidth vs size ({mode})", "data": bw,
-                     "layout": _layout(f"Bus bandwidth vs size, {mode} mode",
-                                       _axis("size per rank (bytes)"), _axis("busbw (GB/s)", log=False))})
+                     "layout": _layout(f"Latency {what} vs size, {mode} mode (points: each launch's value, the trimmed geometric mean)",
+                                       _axis("all-reduce size per rank (bytes)"), _axis("time (us)"))})
+        if not step_run:  # a step's time is not one all-reduce's: a bandwidth from it would mean nothing
+            figs.append({"id": f"busbw-{mode}", "title": f"Bus bandwidth vs size ({mode})", "data": bw,
+                         "layout": _layout(f"Bus bandwidth vs size, {mode} mode",
+                                           _axis("size per rank (bytes)"), _axis("busbw (GB/s)", log=False))})
         figs.append(_heatmap(verdicts, mode, configs, tokens_by_size))
     stage2 = _stage2_figure(verdicts)
     if stage2:
