@@ -12,6 +12,10 @@ Three places, any combination (one invocation, one install record per place):
 * ``--systemd UNIT``: a drop-in with Environment= lines (or an EnvironmentFile=);
 * ``--nccl-conf``: NCCL's own config file, read by NCCL in every process.
 
+``--tuner RUN_DIR|RULES`` adds commdiag's tuner plugin and rules as one more
+install (hooktuner.py: files in STATE/tuner/) and their two variables to the
+settings the targets above carry.
+
 Flow (STYLE principle 9): ``survey`` reads the system, ``hookplan`` makes the
 plan (pure), ``--dry-run`` renders it, ``hookstate.apply`` applies it under a
 lock and the manifest records the exact undo.  After an install the target
