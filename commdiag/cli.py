@@ -439,8 +439,9 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
               help="Do not start the target interpreter after installing to check that every value arrives "
                    "(for a target that cannot run here, e.g. a staged --root).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, systemd_unit, systemd_env_file, nccl_conf,
-                     override, force, root, show_status, uninstall, all_installs, dry_run, python_flags, no_verify, as_json):
+def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, systemd_unit, systemd_env_file,
+                     nccl_conf, override, force, root, show_status, uninstall, all_installs, dry_run, python_flags,
+                     no_verify, as_json):
     """Persist NCCL settings: a Python startup hook (.pth or sitecustomize), a systemd drop-in, nccl.conf."""
     from .install import hook
 

@@ -204,7 +204,8 @@ def test_files_that_are_not_commdiags_are_refused_then_restored_byte_for_byte(ro
     assert f"{LIB}: exists and is not commdiag's" in cp.stderr and "Traceback" not in cp.stderr
     assert tree(root) == before
     cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", "--force", "--dry-run", check=0)
-    assert f"  now: {len(theirs)} bytes, sha256 {hashlib.sha256(theirs).hexdigest()}" in cp.stdout and "someone" not in cp.stdout  # binary: never its bytes
+    assert f"  now: {len(theirs)} bytes, sha256 {hashlib.sha256(theirs).hexdigest()}" in cp.stdout
+    assert "someone" not in cp.stdout  # a binary: never its bytes
     assert tree(root) == before
     cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", "--force", check=0)
     assert "replacing a file that is not commdiag's (--force)" in cp.stdout
@@ -275,3 +276,17 @@ def test_paths_no_target_can_carry_are_refused_before_compiling(rules_file, monk
 
 def test_the_manifest_accepts_exactly_the_tuner_file_names():
     assert hookstate.TUNER_NAMES == hooktuner.FILE_NAMES
+
+
+@pytest.mark.parametrize("where", ["usr/lib/tuner", "var/lib/other/tuner", "var/lib/commdiag"])
+def test_a_manifest_naming_a_tuner_file_elsewhere_is_refused(root, rules_file, where):
+    cli("--root", root, "--tuner", rules_file, "--nccl-conf", check=0)
+    manifest = root / "var/lib/commdiag/installs.json"
+    m = json.loads(manifest.read_text())
+    (tuner,) = [r for r in m["installs"] if r["kind"] == "tuner"]
+    tuner["files"][0]["path"] = str(root / where / "libnccl-tuner-commdiag.so")
+    manifest.write_text(json.dumps(m))
+    before = tree(root)
+    cp = cli("--uninstall", "--all", "--root", root, check=2)
+    assert "is not a file commdiag writes in the owned role" in cp.stderr and "Traceback" not in cp.stderr
+    assert tree(root) == before

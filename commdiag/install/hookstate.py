@@ -211,7 +211,7 @@ def check_manifest(m: dict, path: str, sdir: str, roots: Roots | None = None) ->
     """Every path a manifest names is one commdiag could have written: an absolute, normalized
     path; under ``--root`` inside it; an owned file by commdiag's own names (the hook module,
     the .pth, a drop-in in UNIT.d/, /etc/commdiag/UNIT.env, the tuner library and rules in
-    a ``tuner/`` directory), a block in a sitecustomize.py or
+    ``commdiag/tuner/``), a block in a sitecustomize.py or
     nccl.conf, bytecode in the recorded import directory's __pycache__; created directories
     only above the record's own files (or the state directory)."""
     def bad(where: str, why: str) -> CommdiagError:
@@ -250,7 +250,7 @@ def check_manifest(m: dict, path: str, sdir: str, roots: Roots | None = None) ->
             if role == "owned":
                 ok = (name in OWNED_NAMES and (name != "commdiag-nccl.conf" or parent.endswith(".d"))) or (
                     name.endswith(".env") and posixpath.basename(parent) == "commdiag") or (
-                    name in TUNER_NAMES and posixpath.basename(parent) == "tuner")
+                    name in TUNER_NAMES and parent.endswith("/commdiag/tuner"))
             elif role == "block":
                 ok = name in BLOCK_NAMES
             elif role == "cache":  # bytecode of a module this record wrote, in its import directory

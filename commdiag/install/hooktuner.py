@@ -155,8 +155,8 @@ def tuner_target(tf: TunerFiles, roots) -> Target:
     info = {"target": tf.directory, "settings": tf.env(), "source": tf.source, "hook_file": tf.rules,
             "rules": tf.n_rules, "library_sha256": sha, "rules_sha256": hashlib.sha256(tf.rules_bytes).hexdigest(),
             "compiler": tf.compiler}
-    notes = (f"tuner: {tf.library} compiled here by {tf.compiler} ({len(tf.library_bytes)} bytes, sha256 {sha[:16]}...) "
-             f"and {tf.rules}: {tf.n_rules} rule{'s' if tf.n_rules != 1 else ''} copied byte for byte from "
+    notes = (f"tuner: {tf.library} compiled here by {tf.compiler} ({len(tf.library_bytes)} bytes, "
+             f"sha256 {sha[:16]}...) and {tf.rules}: {tf.n_rules} rule{'s' if tf.n_rules != 1 else ''} copied byte for byte from "
              f"{tf.source}; NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE name them",)
     return Target(f"tuner:{tf.directory}", "tuner", "files", desired, info, notes)
 
