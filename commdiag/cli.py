@@ -474,6 +474,10 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
               help="Install the sweep's winner (RUN_DIR/profile.env); refused when there is none, unless --force.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path), help="Install a profile file.")
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="A setting (repeatable; on top of --from/--profile).")
+@click.option("--tuner", "tuner_path", type=click.Path(path_type=Path), metavar="RUN_DIR|RULES",
+              help="Also install commdiag's tuner plugin (compiled here) and these rules (a rules file, or a run "
+                   "folder's certified winners) in commdiag's state directory, and set NCCL_TUNER_PLUGIN and "
+                   "NCCL_TUNER_CONFIG_FILE to them.")
 @click.option("--python", "python", metavar="PATH", help="Target interpreter (default: this one).")
 @click.option("--method", type=click.Choice(["auto", "pth", "sitecustomize", "none"]), default=None,
               help="Python hook method; auto (the default) chooses from what detect finds; none: no Python hook. "
@@ -495,13 +499,17 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
               help="Do not start the target interpreter after installing to check that every value arrives "
                    "(for a target that cannot run here, e.g. a staged --root).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit, systemd_env_file, nccl_conf, override,
-                     force, root, show_status, uninstall, all_installs, dry_run, python_flags, no_verify, as_json):
+def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, systemd_unit, systemd_env_file,
+                     nccl_conf, override, force, root, show_status, uninstall, all_installs, dry_run, python_flags,
+                     no_verify, as_json):
     """Persist NCCL settings: a Python startup hook (.pth or sitecustomize), a systemd drop-in, nccl.conf."""
     from .install import hook
 
     if show_status and uninstall:
         raise click.UsageError("--status and --uninstall exclude each other")
+    if tuner_path is not None and (show_status or uninstall):
+        raise click.UsageError("--tuner installs; --status shows, and --uninstall removes, the tuner files with "
+                               "the install that names them")
     if show_status:
         expected = None
         if from_dir or profile_path or sets:
@@ -515,10 +523,11 @@ def install_hook_cmd(from_dir, profile_path, sets, python, method, systemd_unit,
         res = hook.uninstall(python=python, method=method, systemd_unit=systemd_unit, nccl_conf=nccl_conf,
                              all_installs=all_installs, root=root, force=force, dry_run=dry_run)
     else:
-        settings = hook.resolve_settings(from_dir, profile_path, sets, force=force)
+        tuner = hook.prepare_tuner(tuner_path, root) if tuner_path is not None else None
+        settings = hook.resolve_settings(from_dir, profile_path, sets, force=force, tuner=tuner)
         req = hook.Request(settings, python=python, method=method, systemd_unit=systemd_unit,
                            systemd_env_file=systemd_env_file, nccl_conf=nccl_conf, override=override, force=force,
-                           root=root)
+                           root=root, tuner=tuner)
         res = hook.install(req, dry_run=dry_run, verify=not no_verify)
     _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_install(res))
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)

@@ -12,6 +12,10 @@ Three places, any combination (one invocation, one install record per place):
 * ``--systemd UNIT``: a drop-in with Environment= lines (or an EnvironmentFile=);
 * ``--nccl-conf``: NCCL's own config file, read by NCCL in every process.
 
+``--tuner RUN_DIR|RULES`` adds commdiag's tuner plugin and rules as one more
+install (hooktuner.py: files in STATE/tuner/) and their two variables to the
+settings the targets above carry.
+
 Flow (STYLE principle 9): ``survey`` reads the system, ``hookplan`` makes the
 plan (pure), ``--dry-run`` renders it, ``hookstate.apply`` applies it under a
 lock and the manifest records the exact undo.  After an install the target
@@ -29,11 +33,11 @@ import posixpath
 import pwd
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import __version__
-from . import hookplan, hookstate, hooktext, systemd
+from . import hookplan, hookstate, hooktext, hooktuner, systemd
 from ..nccl import ncclvars
 from ..formats import profile as profile_mod
 from ..errors import CommdiagError
@@ -78,9 +82,15 @@ def _no_winner_reason(run_dir: Path) -> str:
     return why
 
 
+def prepare_tuner(path: str | Path, root: str | None = None) -> hooktuner.TunerFiles:
+    """``--tuner PATH``: the rules read and checked, the plugin compiled, before anything changes."""
+    return hooktuner.prepare(path, Roots(root).shown(hookstate.state_dir(Roots(root))))
+
+
 def resolve_settings(from_dir: str | None = None, profile: str | None = None, sets=(), *,
-                     force: bool = False) -> Settings:
-    """The settings to install: the run's winner, a profile, then ``--set`` on top; validated."""
+                     force: bool = False, tuner: hooktuner.TunerFiles | None = None) -> Settings:
+    """The settings to install: the run's winner, a profile, then ``--set`` on top, then the two
+    variables that load ``--tuner``'s plugin and rules; validated."""
     values: dict[str, str] = {}
     sources: list[str] = []
     warnings: list[str] = []
@@ -112,8 +122,17 @@ def resolve_settings(from_dir: str | None = None, profile: str | None = None, se
         values[name] = value
     if sets:
         sources.append("--set " + " ".join(sets))
+    if tuner is not None:
+        clash = sorted(n for n in tuner.env() if n in values)
+        if clash:
+            raise CommdiagError(f"{', '.join(clash)}: given by --tuner and also by --from/--profile/--set; "
+                                "give it once")
+        values.update(tuner.env())
+        sources.append(f"--tuner {tuner.source}")
+        warnings += hooktuner.warnings_for(tuner)
     if not values:
-        raise CommdiagError("nothing to install: give --from RUN_DIR, --profile FILE or --set NAME=VALUE")
+        raise CommdiagError("nothing to install: give --from RUN_DIR, --profile FILE, --set NAME=VALUE "
+                            "or --tuner RUN_DIR|RULES")
     hooktext.check_values(values)
     return Settings(values, " + ".join(sources), tuple(warnings))
 
@@ -129,6 +148,7 @@ class Request:
     override: bool = False
     force: bool = False
     root: str | None = None
+    tuner: hooktuner.TunerFiles | None = None  # --tuner: its files; its variables are in settings
 
 
 # --------------------------------------------------------------------------- the Python target
@@ -350,6 +370,8 @@ def _targets(req: Request, roots: Roots, hooks, meta: dict) -> list[Target]:
         targets.append(nccl_conf_target(req.nccl_conf, req.settings, override=req.override, roots=roots, meta=meta))
     if not targets:
         raise CommdiagError("nothing to install into: --method none and neither --systemd nor --nccl-conf")
+    if req.tuner is not None:  # first: the files exist before any hook names them
+        targets.insert(0, hooktuner.tuner_target(req.tuner, roots))
     return targets
 
 
@@ -359,13 +381,34 @@ def _plan(req: Request, roots: Roots, hooks, sdir: str) -> tuple[list[Target], P
     meta = _meta(req.settings, req.python, req.root)
     targets = _targets(req, roots, hooks, meta)
     same = [records.get(t.key) for t in targets]
-    if all(r is not None and r.get("settings") == req.settings.values and r.get("source") == req.settings.source
+    if all(r is not None and r.get("settings") == t.info.get("settings") and r.get("source") == req.settings.source
            and r.get("override", req.override) == req.override and r.get("method") == t.method
            for r, t in zip(same, targets)):
         # The same install again: keep its date, so that the files are byte-identical and nothing changes.
         meta["installed"] = min(r["installed"] for r in same)
         targets = _targets(req, roots, hooks, meta)
-    return targets, hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
+    plan = hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
+    return targets, _drop_unused_tuners(plan, records)
+
+
+def _drop_unused_tuners(plan: Plan, records: dict[str, dict]) -> Plan:
+    """An install that no longer names an earlier ``--tuner``'s files also removes them (exactly)."""
+    new_keys = {r["key"] for r in plan.records}
+    after = [r for k, r in records.items() if k not in new_keys] + list(plan.records)
+    unused = hooktuner.unused_records(after)
+    if not unused:
+        return plan
+    undo = _plan_uninstall(unused, force=False)
+    return replace(plan, changes=plan.changes + undo.changes, rmdirs=undo.rmdirs,
+                   drop_keys=plan.drop_keys + undo.drop_keys, notes=plan.notes + tuple(
+                       f"{r['target']}: the tuner files are no longer named by any install; removed" for r in unused),
+                   warnings=plan.warnings + undo.warnings)
+
+
+def _plan_uninstall(chosen: list[dict], *, force: bool) -> Plan:
+    paths = [f["path"] for r in chosen for f in r["files"]]
+    bytecode = [f["import_dir"] for r in chosen for f in r["files"] if f.get("import_dir")]
+    return hookplan.plan_uninstall(chosen, hookstate.snapshot(paths, bytecode), force=force)
 
 
 def _survey(targets: list[Target], records: dict[str, dict]) -> dict:
@@ -389,6 +432,10 @@ def render_plan(plan: Plan) -> str:
         head += f", mode {c.after.mode:04o})" if c.after.mode is not None else ")"
         out.append(head)
         if c.path.endswith(".pyc") or c.after.kind != hookplan.FILE and c.before.kind != hookplan.FILE:
+            continue
+        if c.before.binary or c.after.binary:  # a compiled library: its size and hash, never its bytes
+            out += [f"  {label}: {len(s.data)} bytes, sha256 {s.sha256}" for label, s in
+                    (("now", c.before), ("planned", c.after)) if s.kind == hookplan.FILE]
             continue
         if c.before.kind == hookplan.FILE:
             out += [l.rstrip("\n") for l in difflib.unified_diff(
@@ -432,9 +479,8 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
 
 def _with_created_dirs(plan: Plan, created: list[str]) -> Plan:
     """Record the directories apply really created (the plan's list is what was missing when planned)."""
-    from dataclasses import replace
-
-    records = tuple({**r, "dirs_created": [d for d in r["dirs_created"] if d in created]
+    # a directory an earlier install of the key created (not planned now) stays recorded
+    records = tuple({**r, "dirs_created": [d for d in r["dirs_created"] if d in created or d not in plan.mkdirs]
                      + [d for d in created if d not in r["dirs_created"]
                         and any(f["path"].startswith(d + "/") for f in r["files"])]}
                     for r in plan.records)
@@ -478,9 +524,9 @@ def uninstall(*, python: str | None = None, method: str = "auto", systemd_unit: 
             what = "any" if keys is None else ", ".join(sorted(keys))
             raise CommdiagError(f"no commdiag install recorded for {what} in {sdir}"
                                 + ("" if keys is None else " (--all removes every recorded install)"))
-        paths = [f["path"] for r in chosen for f in r["files"]]
-        bytecode = [f["import_dir"] for r in chosen for f in r["files"] if f.get("import_dir")]
-        return hookplan.plan_uninstall(chosen, hookstate.snapshot(paths, bytecode), force=force)
+        # --tuner's files go with the last install that names them
+        chosen += [r for r in hooktuner.unused_records([r for r in manifest["installs"] if r not in chosen])]
+        return _plan_uninstall(chosen, force=force)
 
     if dry_run:
         plan = make(hookstate.load_manifest(sdir, roots))

@@ -150,11 +150,14 @@ class InstallStatus:
     loads: bool | None  # Python hook: does a fresh start of the target run it? None: not checked
     why_not: tuple[str, ...] = ()
     check_env: dict | None = None
+    rules_ok: bool | None = None  # a --tuner install: do the installed rules parse as the plugin reads them?
+    rules_detail: str | None = None
 
     @property
     def ok(self) -> bool:
         return (all(f.state == "as installed" for f in self.files) and self.matches_profile is not False
-                and self.loads is not False and (self.check_env is None or self.check_env.get("ok", True)))
+                and self.loads is not False and (self.check_env is None or self.check_env.get("ok", True))
+                and self.rules_ok is not False)
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ class StatusResult:
                               "source": i.record.get("source"), "installed": i.record.get("installed"),
                               "files": [{"path": f.path, "state": f.state} for f in i.files],
                               "matches_profile": i.matches_profile, "profile_detail": i.profile_detail,
-                              "loads": i.loads, "why_not": list(i.why_not), "check_env": i.check_env}
+                              "loads": i.loads, "why_not": list(i.why_not), "check_env": i.check_env,
+                              "rules_ok": i.rules_ok, "rules_detail": i.rules_detail}
                              for i in self.installs]}
 
 
@@ -289,7 +293,13 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
             if python is not None:
                 continue  # --python X asks about X: another interpreter's hook is not its answer
             why = [f"for {r.get('target')}, not {hooks.executable} (use --python {r.get('target')})"]
-        out.append(InstallStatus(r, files, match, detail, loads, tuple(why), check))
+        rules_ok = rules_detail = None
+        if r["kind"] == "tuner":
+            from . import hooktuner
+
+            rules_ok, rules_detail = hooktuner.check_installed_rules(r)
+            match, detail = None, "'as installed' above: the same sha256 and mode as commdiag wrote"
+        out.append(InstallStatus(r, files, match, detail, loads, tuple(why), check, rules_ok, rules_detail))
     missing = None
     if python is not None and not any(i.record["kind"] == "python" for i in out):
         missing = hooks.executable
@@ -309,7 +319,9 @@ def render_status(res: StatusResult) -> str:
                      + " ".join(f"{k}={v}" for k, v in (r.get("settings") or {}).items()))
         lines.append(f"  source: {r.get('source')}; installed {r.get('installed')} by commdiag {r.get('commdiag')}")
         lines += [f"  {f.path}: {f.state}" for f in i.files]
-        lines.append(f"  profile: {i.profile_detail}")
+        if i.rules_detail is not None:
+            lines.append(f"  rules: {'OK' if i.rules_ok else 'FAIL'}: {i.rules_detail}")
+        lines.append(f"  {'files' if r['kind'] == 'tuner' else 'profile'}: {i.profile_detail}")
         if i.loads is not None or i.why_not:
             lines.append("  loads at start: " + ("yes" if i.loads else "NO") + "".join(f"; {w}" for w in i.why_not))
         if i.check_env is not None:

@@ -63,6 +63,17 @@ class FileState:
             return self.link == other.link
         return True
 
+    @property
+    def binary(self) -> bool:
+        """Bytes no terminal should be shown (a compiled library): a NUL, or not UTF-8."""
+        if self.data is None:
+            return False
+        try:
+            self.data.decode("utf-8")
+        except UnicodeDecodeError:
+            return True
+        return b"\0" in self.data
+
     def text(self) -> str:
         return (self.data or b"").decode("utf-8", errors="surrogateescape")
 
@@ -97,10 +108,11 @@ class Desired:
     path: str  # where it is written (the staged path under --root)
     shown: str  # the path as the target system sees it
     role: str
-    text: str
+    text: str | bytes  # bytes: an owned binary file (the tuner library), written as it is
     at_top: bool = False  # block role: prepend instead of append (NCCL's conf: first assignment wins)
     import_dir: str | None = None  # .py files: the sys.path entry it is imported from (bytecode lives there)
     module: str | None = None
+    mode: int = FILE_MODE  # owned role: the new file's permission bits
 
 
 @dataclass(frozen=True)
@@ -210,7 +222,7 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
                 elif base.kind != ABSENT and prev is None:
                     # commdiag's own file without a manifest entry (manifest lost): uninstall removes it.
                     original = FileState(ABSENT)
-                after = new_file(d.text)
+                after = new_file(d.text, d.mode)
             else:
                 base_text = base.text() if base.kind == FILE else ""
                 after = new_file(hooktext.add_block(base_text, d.text, at_top=d.at_top),

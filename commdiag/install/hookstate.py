@@ -189,6 +189,7 @@ def load_manifest(sdir: str, roots: Roots | None = None) -> dict:
 
 # What commdiag writes, by role (hook.py): a manifest entry naming anything else is refused.
 OWNED_NAMES = ("commdiag_nccl_hook.py", "commdiag-nccl.pth", "commdiag-nccl.conf")
+TUNER_NAMES = ("libnccl-tuner-commdiag.so", "commdiag-tuner-rules.txt")  # hooktuner.FILE_NAMES, in STATE/tuner/
 BLOCK_NAMES = ("sitecustomize.py", "nccl.conf", ".nccl.conf")
 _KINDS = (ABSENT, FILE, SYMLINK, DIR, OTHER)
 _UNSAFE = re.compile("[\x00-\x1f\x7f]")
@@ -209,7 +210,8 @@ def _inside(p: str, d: str) -> bool:
 def check_manifest(m: dict, path: str, sdir: str, roots: Roots | None = None) -> None:
     """Every path a manifest names is one commdiag could have written: an absolute, normalized
     path; under ``--root`` inside it; an owned file by commdiag's own names (the hook module,
-    the .pth, a drop-in in UNIT.d/, /etc/commdiag/UNIT.env), a block in a sitecustomize.py or
+    the .pth, a drop-in in UNIT.d/, /etc/commdiag/UNIT.env, the tuner library and rules in
+    ``commdiag/tuner/``), a block in a sitecustomize.py or
     nccl.conf, bytecode in the recorded import directory's __pycache__; created directories
     only above the record's own files (or the state directory)."""
     def bad(where: str, why: str) -> CommdiagError:
@@ -247,7 +249,8 @@ def check_manifest(m: dict, path: str, sdir: str, roots: Roots | None = None) ->
                 raise bad(f"{fw}.import_dir", f"{brief(imp)} is not the directory the file is imported from")
             if role == "owned":
                 ok = (name in OWNED_NAMES and (name != "commdiag-nccl.conf" or parent.endswith(".d"))) or (
-                    name.endswith(".env") and posixpath.basename(parent) == "commdiag")
+                    name.endswith(".env") and posixpath.basename(parent) == "commdiag") or (
+                    name in TUNER_NAMES and parent.endswith("/commdiag/tuner"))
             elif role == "block":
                 ok = name in BLOCK_NAMES
             elif role == "cache":  # bytecode of a module this record wrote, in its import directory

@@ -65,6 +65,13 @@ def find_compiler() -> list[str]:
     return [path, *argv[1:]]
 
 
+def check_plugin_path(path: str, hint: str) -> None:
+    """Refuse a library path NCCL would truncate (its 255-byte NCCL_TUNER_PLUGIN buffer)."""
+    if len(path) > NCCL_MAX_PLUGIN_PATH:
+        raise CommdiagError(f"{terminal_safe(path)}: path longer than {NCCL_MAX_PLUGIN_PATH} characters; NCCL would "
+                            f"load a truncated NCCL_TUNER_PLUGIN ({hint})")
+
+
 def build(out_dir: str | Path = ".", werror: bool = False) -> Path:
     """Compile the plugin into ``out_dir`` (created if missing); returns the library's absolute path."""
     return build_result(out_dir, werror).library
@@ -76,9 +83,7 @@ def build_result(out_dir: str | Path = ".", werror: bool = False) -> BuildResult
     compiler = find_compiler()
     out_dir = Path(out_dir).expanduser().resolve()
     target = out_dir / LIBRARY_NAME
-    if len(str(target)) > NCCL_MAX_PLUGIN_PATH:
-        raise CommdiagError(f"{target}: path longer than {NCCL_MAX_PLUGIN_PATH} characters; NCCL would load a "
-                            "truncated NCCL_TUNER_PLUGIN (choose a shorter --out)")
+    check_plugin_path(str(target), "choose a shorter --out")
     for f in (SOURCE, HEADER):
         if not f.is_file():
             raise CommdiagError(f"{f}: missing from the commdiag package (reinstall commdiag)")
