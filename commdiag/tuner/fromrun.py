@@ -98,12 +98,14 @@ class SizeDecision:
     winner: Candidate | None  # the candidate that became the rule, or the best one that could not
     passed_over: tuple[Candidate, ...] = ()  # better-ranked candidates that could not become a rule
     tested: int = 0  # configs tested at this size
+    slower: tuple[str, ...] = ()  # configs certified slower than default here
 
     @property
     def text(self) -> str:
         """The table's decision column (the reason for a refusal comes on lines of its own)."""
         if self.outcome == NONE_CERTIFIED:
-            return f"none certified ({self.tested} tested)"
+            return f"none certified ({self.tested} tested" + (f"; slower: {', '.join(self.slower)})" if self.slower
+                                                              else ")")
         w = self.winner
         if self.outcome == RULE:
             c = w.choice
@@ -113,7 +115,8 @@ class SizeDecision:
     def to_json(self) -> dict:
         return {"size_bytes": self.size_bytes, "tokens": self.tokens, "outcome": self.outcome,
                 "winner": None if self.winner is None else self.winner.to_json(),
-                "passed_over": [c.to_json() for c in self.passed_over], "tested": self.tested, "text": self.text}
+                "passed_over": [c.to_json() for c in self.passed_over], "tested": self.tested,
+                "slower": list(self.slower), "text": self.text}
 
 
 @dataclass(frozen=True)
@@ -319,7 +322,8 @@ def derive(run_dir: str | Path, *, allow_ll128: bool = False, now: _dt.datetime 
             decisions.append(SizeDecision(size, tokens[size], ranked[0].outcome, ranked[0], tuple(ranked[1:]),
                                           len(here)))
         else:
-            decisions.append(SizeDecision(size, tokens[size], NONE_CERTIFIED, None, (), len(here)))
+            slower = tuple(c.claim.config for c in here if c.result == certify.SLOWER)
+            decisions.append(SizeDecision(size, tokens[size], NONE_CERTIFIED, None, (), len(here), slower))
 
     rules = _merge(decisions, nranks, nnodes)
     refusals = tuple(dict.fromkeys(
@@ -420,7 +424,7 @@ def render(res: RulesFromRun, out: Path | None = None) -> str:
 
     from ..analyse.report import _fit
 
-    lines = [f"run folder {res.run_dir}: {res.nranks} ranks, {res.nnodes} node(s); per-size certification in "
+    lines = [f"run folder {res.run_dir}", f"{res.nranks} ranks, {res.nnodes} node(s); per-size certification in "
              f"{res.mode} mode" + (f", each claim at p <= {res.threshold:.2g}" if res.threshold is not None else ""),
              "",
              f"{'size(B)':>10} {'tok':>5}  {'decision':<58} {'ratio':>6} {'p':>8}"]
