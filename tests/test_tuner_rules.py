@@ -8,10 +8,7 @@ that come out are checked by the Python parser and by the compiled plugin (test_
 
 from __future__ import annotations
 
-import copy
 import json
-import math
-import os
 import random
 import re
 from pathlib import Path

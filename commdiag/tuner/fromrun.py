@@ -32,7 +32,7 @@ allocator does not register them (the GPU probe, benchmarks/h200x2-2026-11-30/tu
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
