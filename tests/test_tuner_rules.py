@@ -208,6 +208,13 @@ def test_ll128_needs_a_recorded_nvlink_topology_or_the_users_word(tmp_path):
     res = fromrun.derive(off, allow_ll128=True)
     assert [r.to_line() for r in res.rules] == EXPECTED[:1]
     assert "NCCL_P2P_DISABLE=1 was in effect" in next(d for d in res.sizes if d.size_bytes == 1835008).winner.why
+    # across nodes the run's topology says nothing about the path between them
+    run = json.loads((run_dir_nv := make_run(tmp_path / "nv", configs, STORY, readings=READINGS)).joinpath(
+        "run.json").read_text())
+    assert fromrun._ll128_problem(run, {}, 1, False) == (None, None)
+    assert "LL128 across nodes" in fromrun._ll128_problem(run, {}, 2, False)[0]
+    assert fromrun._ll128_problem(run, {}, 2, True)[0] is None
+    assert [r.to_line() for r in fromrun.derive(run_dir_nv).rules] == EXPECTED
 
 
 def test_nvls_collnet_pat_and_unexpressible_configs_are_refused_and_the_next_best_wins(tmp_path):
@@ -240,7 +247,7 @@ def test_nothing_certifiable_writes_no_file_and_exits_0(tmp_path):
     assert proc.returncode == 0 and not out.exists()
     assert ("no rules: every certified per-size winner was refused or is not expressible: keep NCCL's choices: "
             "no file written") in proc.stdout
-    assert "why: NCCL_BUFFSIZE differ(s) from default" in proc.stdout
+    assert "why: NCCL_BUFFSIZE differs from default" in proc.stdout
 
 
 def test_hostile_names_never_reach_the_file_unsafely(tmp_path):
