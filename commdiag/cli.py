@@ -556,5 +556,33 @@ def tuner_build_cmd(out_dir, rules_path, as_json):
     sys.exit(errors.EXIT_OK)
 
 
+@tuner_group.command("rules", short_help="Rules from a run's certified per-size winners (sweep --certify-sizes).")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the rules file here (atomically); only when there is at least one rule.")
+@click.option("--allow-ll128", is_flag=True,
+              help="Allow LL128 rules when the run records no GPU topology (you know every pair is NVLink).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def tuner_rules_cmd(run_dir, out, allow_ll128, as_json):
+    """Turn the certified per-size winners of a PROTO x ALGO (x channels) sweep run with --certify-sizes
+    into tuner rules: adjacent sizes with the same winner merge, nothing uncertified becomes a rule, and
+    choices NCCL would ignore or that are unsafe here are refused (docs/tuner.md "Rules from a sweep")."""
+    from .atomic import check_target, write_text
+    from .tuner import fromrun
+
+    if out is not None:
+        check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
+    res = fromrun.derive(run_dir, allow_ll128=allow_ll128)
+    written = None
+    if out is not None and res.rules:
+        write_text(out, res.text)
+        written = out
+    if as_json:
+        _echo(json.dumps({**res.to_json(), "written": None if written is None else str(written)}, indent=1))
+    else:
+        _echo(fromrun.render(res, written if res.rules else out))
+    sys.exit(errors.EXIT_OK)
+
+
 if __name__ == "__main__":
     main()

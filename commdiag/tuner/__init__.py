@@ -7,7 +7,8 @@ tuner plugin chooses per collective and size.  This part owns:
   the header says which NCCL release looks for which),
 * ``build.py``: compiling it here with the system C compiler (``commdiag tuner build``),
 * ``rules.py``: the rules file it reads (``NCCL_TUNER_CONFIG_FILE``), parsed exactly as the plugin does.
+* ``fromrun.py``: rules from a run folder's certified per-size winners (``commdiag tuner rules``).
 
 docs/tuner.md is the manual: the rules format, what the plugin logs, the channel trap of NCCL's
-example plugin, and what of issue 14 is still to come.
+example plugin, rules from a sweep, and what of issue 14 is still to come.
 """
