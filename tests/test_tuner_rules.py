@@ -283,3 +283,30 @@ def test_real_gloo_sweep_with_certify_sizes_gives_no_rules(tmp_path):
     assert not out.exists()
     text = fromrun.rules_text(run_dir)
     assert rules.parse_bytes(text.encode()) == [] and "# no rules: no certified per-size winner" in text
+
+
+def test_an_nccl_sweep_records_the_nvml_topology_that_tuner_rules_reads(monkeypatch, tmp_path):
+    """new_run stores the launching node's NVML readings (replayed here from the 2x H200 recording), so
+    LL128 rules from that run need no --allow-ll128; without NVML the reason is stored instead."""
+    from commdiag.environment import topology
+    from commdiag.formats.spec import load_spec
+    from commdiag.measure import sweep
+
+    recorded = json.loads((REPO / "tests/fixtures/h200x2-nvlink/nvml-readings.json").read_text())
+    spec = load_spec(write_spec(tmp_path / "s.yaml", backend="nccl", modes=["graph"]))
+    monkeypatch.setattr(topology, "read_nvml", lambda: recorded)
+    run = sweep.new_run(spec, tmp_path / "run", 2)
+    assert run["fingerprint"]["nvml_readings"] == recorded
+    assert fromrun.recorded_topology(run) is not None
+    assert fromrun._ll128_problem(run, {}, 1, False) == (None, None)  # NVLink everywhere: LL128 allowed
+
+    def unavailable():
+        raise topology.NvmlUnavailable("NVML did not initialise: no driver")
+
+    monkeypatch.setattr(topology, "read_nvml", unavailable)
+    run = sweep.new_run(spec, tmp_path / "run2", 2)
+    assert "nvml_readings" not in run["fingerprint"]
+    assert run["fingerprint"]["nvml_readings_error"] == "NVML did not initialise: no driver"
+    assert fromrun.recorded_topology(run) is None
+    gloo = sweep.new_run(load_spec(write_spec(tmp_path / "g.yaml")), tmp_path / "run3", 2)
+    assert "nvml_readings" not in gloo["fingerprint"] and "nvml_readings_error" not in gloo["fingerprint"]

@@ -159,9 +159,24 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
         "launches": [{"index": l.index, "config": l.config, "trial": l.trial, "stage": 1, "status": results.PENDING}
                      for l in order],
-        "fingerprint": {"launcher": metadata.collect_host()},
+        "fingerprint": {"launcher": metadata.collect_host(), **_nvml_fingerprint(spec)},
         "warnings": list(spec.warnings),
     }
+
+
+def _nvml_fingerprint(spec: Spec) -> dict:
+    """The GPU topology (NVML readings, the layout of ``detect --json``) of the launching node, for what
+    reads a run later: ``tuner rules`` allows LL128 rules only where every GPU pair was NVLink."""
+    if spec.backend != "nccl":
+        return {}
+    from ..environment.topology import NvmlUnavailable, read_nvml
+
+    try:
+        return {"nvml_readings": read_nvml()}
+    except NvmlUnavailable as e:
+        return {"nvml_readings_error": str(e)}
+    except Exception as e:  # NVML must never stop a sweep; say what happened instead
+        return {"nvml_readings_error": f"{e.__class__.__name__}: {str(e)[:200]}"}
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,8 @@ def _p2p_disabled(run: dict, default_env: dict) -> bool:
 
 def recorded_topology(run: dict):
     """The GPU topology the run recorded (``fingerprint.nvml_readings``, the layout of ``detect --json``'s
-    ``nvml_readings``), analysed; None when the run recorded none (no sweep records it yet)."""
+    ``nvml_readings``, which sweeps of backend nccl record since session 4), analysed; None when the run
+    recorded none (an older run, or NVML was unavailable: ``fingerprint.nvml_readings_error`` says why)."""
     from ..environment import topology
 
     readings = (run.get("fingerprint") or {}).get("nvml_readings")
