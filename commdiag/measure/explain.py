@@ -195,7 +195,7 @@ def render(explain: dict, sizes: list[dict]) -> str:
     for n in names:
         t = configs[n].get("tuner")
         if t and t["ok"]:
-            lines.append(f"tuner [{n}]: {t['ranks'][0]['summary']} (every rank: {len(t['ranks'])})")
+            lines.append(f"tuner [{n}], {len(t['ranks'])} rank(s): {t['ranks'][0]['summary']}")
     for note in explain.get("notes", []):
         lines.append(f"note [{note['config']}]: {note['text']}")
     return "\n".join(lines)
