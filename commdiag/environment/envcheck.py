@@ -454,8 +454,9 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
     if env.get("NCCL_DEBUG", "").upper() != "INFO" or "NCCL_DEBUG_SUBSYS" in env:
         if "NCCL_DEBUG" in env or "NCCL_DEBUG_SUBSYS" in env:
             note = (f"your NCCL_DEBUG={env.get('NCCL_DEBUG')!r} NCCL_DEBUG_SUBSYS={env.get('NCCL_DEBUG_SUBSYS')!r} "
-                    "were replaced by INFO/ENV for this check")
+                    "were replaced for this check")
     requested = env.get("NCCL_TUNER_PLUGIN")
+    requested = None if requested and requested.lower() == "none" else requested
     # INIT: the plugin's load and rules lines; TUNING: NCCL's choice per call (check-env times nothing)
     env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="ENV,INIT,TUNING" if requested else "ENV")
     sizes = check_sizes(env)
