@@ -400,6 +400,8 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
                     _echo(f"  {c.status.upper():11} {c.name:24} expected={c.expected!s:12} applied={c.getenv!s}")
             if not r.ranks:
                 _echo(f"  NCCL printed no ENV lines (exit {r.exit_code}):\n{r.log_tail}")
+            if r.tuner is not None:  # NCCL_TUNER_PLUGIN was set: did it load, which rule fired (docs/tuner.md)
+                _echo("\n".join(envcheck.render_tuner(r.tuner)))
             for c in r.conf_files:
                 _echo(f" config {c.path}: " + (", ".join(f"{k}={v}" for k, v in c.settings.items()) or "empty")
                            if c.exists else f" config {c.path}: absent")

@@ -14,7 +14,9 @@ CLI prints):
 - ``check_nccl``: brings NCCL up under torchrun (one process per visible GPU)
   with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV and compares what NCCL says it
   applied, per rank, with the expectation (``compare_nccl`` is the pure part,
-  tested on recorded logs).
+  tested on recorded logs).  With NCCL_TUNER_PLUGIN set it also logs INIT and
+  TUNING and proves, per rank, that the plugin loaded and which rule fired for
+  which size (``compare_tuner``; a plugin asked for but not loaded fails).
 
 Imports are light on purpose: ``commdiag check-env`` and ``commdiag.check_env``
 run at the top of inference workers and must not import torch; multiprocessing,
@@ -31,7 +33,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..nccl import ncclog, ncclvars
+from ..nccl import ncclog, ncclvars, tunerlog
 from ..errors import EXIT_USAGE, CommdiagError
 from ..metadata import libc_getenv
 
@@ -297,10 +299,11 @@ class NcclCheck:
     exit_code: int | None = None
     log_tail: str = ""
     log: str = ""  # the whole torchrun output (ENV subsystem only: a few lines per rank), kept as evidence
+    tuner: dict | None = None  # compare_tuner's result when NCCL_TUNER_PLUGIN was set (format commdiag-tuner-proof)
 
     @property
     def ok(self) -> bool:
-        return bool(self.ranks) and all(r.ok for r in self.ranks)
+        return bool(self.ranks) and all(r.ok for r in self.ranks) and (self.tuner is None or self.tuner["ok"])
 
     def to_json(self) -> dict:
         return {"ok": self.ok, **asdict(self)}
@@ -333,15 +336,91 @@ def compare_nccl(text: str, expected: dict[str, str], rank_of_pid: dict[int, int
     return out
 
 
+TUNER_PROOF_FORMAT, TUNER_PROOF_VERSION = "commdiag-tuner-proof", 1
+CHECK_BYTES = 4096  # check-env's own all-reduce: 1024 float32
+MAX_CHECK_BYTES = 256 << 20  # a rule's ends above this are not exercised (GPU memory, time)
+
+
+def check_sizes(env: dict[str, str]) -> list[int]:
+    """The all-reduce sizes (bytes, float32) check-env runs: 4096, and with a readable commdiag rules file
+    (NCCL_TUNER_CONFIG_FILE) both ends of every all-reduce rule, so each rule gets a chance to fire."""
+    sizes = {CHECK_BYTES}
+    path = env.get("NCCL_TUNER_CONFIG_FILE")
+    if path and env.get("NCCL_TUNER_PLUGIN"):
+        from ..tuner import rules
+
+        try:
+            found = rules.load(path)
+        except CommdiagError:
+            found = []  # the plugin's WARN says why, per rank
+        for r in found:
+            if r.coll != "allreduce":
+                continue
+            lo, hi = -(-max(r.min_bytes, 4) // 4) * 4, r.max_bytes // 4 * 4
+            sizes.update(b for b in (lo, hi) if lo <= b <= hi and b <= MAX_CHECK_BYTES)
+    return sorted(sizes)
+
+
+def compare_tuner(text: str, requested: str | None, rank_of_pid: dict[int, int] | None = None,
+                  sizes: list[int] | tuple[int, ...] = (), pids: list[int] | tuple[int, ...] = ()) -> dict | None:
+    """Pure: NCCL debug output (SUBSYS with INIT, TUNING) -> per rank, did the requested tuner plugin load,
+    with which rules, and which rule fired for each of ``sizes``.  None when no plugin was requested.
+
+    ``pids``: every rank's process (from the ranks' own lines); a rank whose NCCL said nothing about the
+    plugin fails too.  A plugin requested but not loaded is ``ok: false`` with NCCL's reason."""
+    if not requested or requested.lower() == "none":
+        return None
+    rank_of_pid = rank_of_pid or {}
+    found = tunerlog.parse(text)
+    out = []
+    for pid in sorted(set(found) | set(pids), key=lambda p: (rank_of_pid.get(p, 1 << 30), p)):
+        t = found.get(pid) or tunerlog.TunerLog("?", pid, -1)
+        if t.requested is None:
+            t.requested = requested  # NCCL logs it under ENV: asked for all the same
+        fired = t.rule_by_size()
+        entry = {"rank": rank_of_pid.get(pid), "pid": pid, "device": t.device, **t.to_json(),
+                 "summary": t.summary(),
+                 "sizes": {str(b): ({"line": fired[b].line, "applied": fired[b].applied, "algo": fired[b].algo,
+                                     "proto": fired[b].proto} if b in fired else None) for b in sizes}}
+        if found.get(pid) is None:
+            entry["problems"] = [f"NCCL_TUNER_PLUGIN={requested} but this rank's NCCL printed no tuner line"]
+        out.append(entry)
+    if not out:
+        out_ok, why = False, f"NCCL_TUNER_PLUGIN={requested} but no rank's NCCL printed a tuner line"
+    else:
+        out_ok, why = all(not r["problems"] for r in out), None
+    return {"format": TUNER_PROOF_FORMAT, "version": TUNER_PROOF_VERSION, "requested": requested, "ok": out_ok,
+            "error": why, "sizes": list(sizes), "ranks": out}
+
+
+def render_tuner(proof: dict) -> list[str]:
+    """check-env --nccl's lines for the tuner: per rank loaded or FAILED, rules, and the rule per size."""
+    lines = [f" tuner plugin {proof['requested']}: {'ok' if proof['ok'] else 'FAILED'}"]
+    if proof.get("error"):
+        lines.append(f"  FAILED: {proof['error']}")
+    for r in proof["ranks"]:
+        rank = r["rank"] if r["rank"] is not None else "?"
+        lines.append(f"  rank {rank} pid {r['pid']}: {r['summary']}")
+        for p in r["problems"]:
+            lines.append(f"   FAILED: {p}")
+        if r["loaded"]:
+            for size, hit in r["sizes"].items():
+                what = ("no rule" if hit is None else f"rule line {hit['line']} "
+                        + ("applied" if hit["applied"] else "NOT applied") + f" -> {hit['algo']}/{hit['proto']}")
+                lines.append(f"   all-reduce {size:>10} B: {what}")
+    return lines
+
+
 _NCCL_WORKER = """import os, sys
 import torch, torch.distributed as dist
 rank = int(os.environ["RANK"]); local = int(os.environ["LOCAL_RANK"])
 print("COMMDIAG-NCCL-RANK %d %d" % (rank, os.getpid()), flush=True)
 torch.cuda.set_device(local)
 dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-t = torch.ones(1024, device="cuda")
-dist.all_reduce(t)
-torch.cuda.synchronize()
+for nbytes in (int(b) for b in sys.argv[1:] or ["4096"]):
+    t = torch.ones(nbytes // 4, device="cuda")
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
 dist.destroy_process_group()
 """
 
@@ -375,14 +454,18 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
     if env.get("NCCL_DEBUG", "").upper() != "INFO" or "NCCL_DEBUG_SUBSYS" in env:
         if "NCCL_DEBUG" in env or "NCCL_DEBUG_SUBSYS" in env:
             note = (f"your NCCL_DEBUG={env.get('NCCL_DEBUG')!r} NCCL_DEBUG_SUBSYS={env.get('NCCL_DEBUG_SUBSYS')!r} "
-                    "were replaced by INFO/ENV for this check")
-    env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="ENV")
+                    "were replaced for this check")
+    requested = env.get("NCCL_TUNER_PLUGIN")
+    requested = None if requested and requested.lower() == "none" else requested
+    # INIT: the plugin's load and rules lines; TUNING: NCCL's choice per call (check-env times nothing)
+    env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="ENV,INIT,TUNING" if requested else "ENV")
+    sizes = check_sizes(env)
     env.pop("NCCL_DEBUG_FILE", None)  # the log must come to stdout to be parsed
     with tempfile.TemporaryDirectory(prefix="commdiag-nccl-") as d:
         script = Path(d, "nccl_worker.py")
         script.write_text(_NCCL_WORKER)
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={n}", "--max-restarts=0", str(script)]
+                f"--nproc-per-node={n}", "--max-restarts=0", str(script), *map(str, sizes)]
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
@@ -399,7 +482,8 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
             _, r, p = line.split()
             ranks[int(p)] = int(r)
     return NcclCheck(expected, source, compare_nccl(text, expected, ranks), nccl_conf_files(env, conf_root), note,
-                     proc.returncode, "\n".join(text.splitlines()[-20:]) if proc.returncode else "", text)
+                     proc.returncode, "\n".join(text.splitlines()[-20:]) if proc.returncode else "", text,
+                     compare_tuner(text, requested, ranks, sizes, list(ranks)))
 
 
 if __name__ == "__main__":  # pragma: no cover - used as `python -m commdiag.environment.envcheck` for a quick look

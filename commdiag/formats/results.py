@@ -32,6 +32,14 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
        size M, rounds, looks, alpha, and the screening it came from) once stage 1 is done,
        and ``spec.confirm_configs`` / ``spec.confirm_rounds``.  Version 1 and 2 folders are
        read as screening only: every launch is stage 1 and nothing is certified.
+       Later additions that keep version 3 (older readers ignore them and stay correct):
+       per rank ``ranks[].nccl_tuner`` when the launch's env sets NCCL_TUNER_PLUGIN (what
+       NCCL and the plugin logged, nccl/tunerlog.py ``TunerLog.to_json``: ``requested``,
+       ``loaded``, ``name``, ``abi``, ``library``, ``load_errors``, ``rules`` [{total, path,
+       matching, nranks, nnodes, comm, abi}], ``rules_warnings``, ``fired`` {all-reduce bytes:
+       {line, applied, algo, proto, channels, reg_buff}}, ``counts``, ``problems``); such a
+       launch is ``failed`` unless every rank shows the plugin loaded (docs/tuner.md, 'Proof').
+       ``explain.configs.NAME.tuner`` likewise (measure/explain.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -297,8 +298,33 @@ def _env_map(path, fld: str, value: Any, warnings: list[str]) -> dict[str, str]:
             raise SpecError(path, sub, error)
         if warning:
             warnings.append(f"{path}: {sub}: {warning}")
+        _check_tuner_setting(path, sub, str(name), text)
         out[str(name)] = text
     return out
+
+
+def _check_tuner_setting(path, fld: str, name: str, value: str) -> None:
+    """NCCL_TUNER_PLUGIN / NCCL_TUNER_CONFIG_FILE must name files that exist here, by absolute path:
+    NCCL falls back to its own choices silently when they do not, and a launch would measure defaults.
+    (Multi-node: the same paths must exist on every node; only this one is checked.)  The path is quoted
+    whole: check_setting already refused control characters and values over MAX_VALUE."""
+    if name not in ("NCCL_TUNER_PLUGIN", "NCCL_TUNER_CONFIG_FILE") or value.lower() == "none":
+        return
+    what = "the tuner plugin library" if name == "NCCL_TUNER_PLUGIN" else "the tuner rules file"
+    if not os.path.isabs(value):
+        raise SpecError(path, fld, f"{value!r} must be an absolute path to {what} (NCCL resolves a relative "
+                        "one against each rank's working directory, or searches the library path)")
+    if not os.path.isfile(value):
+        raise SpecError(path, fld, f"{value!r}: " + ("no such file" if not os.path.exists(value)
+                                                          else "not a regular file") + f"; it must be {what}")
+    if name == "NCCL_TUNER_CONFIG_FILE":
+        from ..tuner import rules
+
+        try:
+            rules.load(value)
+        except rules.RulesError as e:
+            raise SpecError(path, fld, f"{value!r}: {e.detail} (the plugin would load no rules; "
+                            "docs/tuner.md, 'Rules file')") from None
 
 
 def _choices(path, key: str, values: list, allowed: tuple[str, ...], nccl_only: dict[str, str],

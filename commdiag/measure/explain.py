@@ -11,6 +11,12 @@ run.json ``explain`` (inside run format 2)::
     {"nccl_version": "2.28.9", "configs": {NAME: {"status": "ok"|..., "error": str|None,
       "sizes": {"14336": {"algo": "Ring", "proto": "LL", "channels": 1, "calls": 3}}}},
      "notes": [{"config": NAME, "variable": "NCCL_PROTO", "text": "..."}]}
+
+A config whose env sets NCCL_TUNER_PLUGIN also gets ``"tuner"`` (additive, from the same log's INIT
+lines; docs/tuner.md 'Proof')::
+
+    {"requested": PATH, "ok": bool, "ranks": [{"pid", "device", "summary", "problems": [str]}],
+     "sizes": {"1835008": {"rule": 2, "applied": true} | {"rule": null} | {"rule": "differs", "ranks": {...}}}}
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import launcher
-from ..nccl import ncclog
+from ..nccl import ncclog, tunerlog
 from ..formats import results
 from ..errors import CommdiagError
 from ..formats.spec import Spec
@@ -43,6 +49,29 @@ def choices_by_size(log_text: str, sizes: list[int]) -> dict[str, dict]:
         (algo, proto, channels), n = Counter((c.algo, c.proto, c.channels) for c in mine).most_common(1)[0]
         out[str(size)] = {"algo": algo, "proto": proto, "channels": channels, "calls": len(mine)}
     return out
+
+
+def tuner_by_size(log_text: str, sizes: list[int], requested: str | None) -> dict | None:
+    """With a tuner plugin asked for: per rank whether it loaded (or NCCL's reason not), and per size
+    which rule fired on every rank (``"rule": L``, or None: no rule).  None when none was asked for."""
+    if not requested or requested.lower() == "none":
+        return None
+    found = tunerlog.parse(log_text)
+    ranks = []
+    for pid, t in sorted(found.items()):
+        t.requested = t.requested or requested
+        ranks.append({"pid": pid, "device": t.device, "summary": t.summary(), "problems": t.problems()})
+    if not ranks:
+        ranks.append({"pid": None, "device": None, "summary": "FAILED: no tuner line",
+                      "problems": [f"NCCL_TUNER_PLUGIN={requested} but NCCL printed no tuner line"]})
+    per_size: dict[str, dict] = {}
+    for size in sizes:
+        fired = {t.pid: t.rule_by_size().get(size) for t in found.values()}
+        lines = {(e.line, e.applied) if e else None for e in fired.values()}
+        per_size[str(size)] = ({"rule": None} if lines == {None} else
+                               {"rule": next(iter(lines))[0], "applied": next(iter(lines))[1]} if len(lines) == 1 else
+                               {"rule": "differs", "ranks": {str(p): (e.line if e else None) for p, e in fired.items()}})
+    return {"requested": requested, "ok": all(not r["problems"] for r in ranks), "ranks": ranks, "sizes": per_size}
 
 
 def _human(size: int) -> str:
@@ -136,6 +165,9 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
         elif not entry["sizes"]:
             entry["status"] = "no-tuning-lines"
             entry["error"] = "NCCL printed no TUNING lines (NCCL older than 2.24 may print none): choices unknown"
+        tuner = tuner_by_size(text, sizes, {**base_env, **config["env"]}.get("NCCL_TUNER_PLUGIN"))
+        if tuner is not None:
+            entry["tuner"] = tuner
         explained[config["name"]] = entry
     run = results.load_run_json(run_dir)  # re-read: keep anything written meanwhile
     run["explain"] = {"nccl_version": version, "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(),
@@ -148,16 +180,47 @@ def render(explain: dict, sizes: list[dict]) -> str:
     """Text table: per size, each config's algo/proto/channels."""
     configs = explain["configs"]
     lines = [f"NCCL {explain.get('nccl_version') or '?'}: what NCCL chose per all-reduce (algo/proto/channels)"]
+    lines += _tuner_failures(configs)
     names = list(configs)
-    lines.append(f"{'size(B)':>12} {'tokens':>6}  " + "  ".join(f"{n[:24]:<24}" for n in names))
+    w = 30 if any("tuner" in c for c in configs.values()) else 24
+    lines.append(f"{'size(B)':>12} {'tokens':>6}  " + "  ".join(f"{n[:w]:<{w}}" for n in names))
     for s in sizes:
         cells = []
         for n in names:
             ch = configs[n]["sizes"].get(str(s["bytes"]))
-            cells.append(f"{ch['algo']}/{ch['proto']}/{ch['channels'] if ch['channels'] is not None else '?'}"
-                         if ch else configs[n]["status"])
+            cells.append((f"{ch['algo']}/{ch['proto']}/{ch['channels'] if ch['channels'] is not None else '?'}"
+                          if ch else configs[n]["status"]) + _rule_cell(configs[n].get("tuner"), s["bytes"]))
         tok = "" if s.get("tokens") is None else str(s["tokens"])
-        lines.append(f"{s['bytes']:>12} {tok:>6}  " + "  ".join(f"{c[:24]:<24}" for c in cells))
+        lines.append(f"{s['bytes']:>12} {tok:>6}  " + "  ".join(f"{c[:w]:<{w}}" for c in cells))
+    for n in names:
+        t = configs[n].get("tuner")
+        if t and t["ok"]:
+            lines.append(f"tuner [{n}], {len(t['ranks'])} rank(s): {t['ranks'][0]['summary']}")
     for note in explain.get("notes", []):
         lines.append(f"note [{note['config']}]: {note['text']}")
     return "\n".join(lines)
+
+
+def _rule_cell(tuner: dict | None, size: int) -> str:
+    """" rule 2" / " no rule" beside NCCL's choice, for a config whose tuner plugin loaded."""
+    if not tuner or not tuner["ok"]:
+        return ""
+    hit = tuner["sizes"].get(str(size))
+    if not hit or hit["rule"] is None:
+        return " no rule"
+    if hit["rule"] == "differs":
+        return " rule differs by rank"
+    return f" rule {hit['rule']}" + ("" if hit.get("applied", True) else " refused")
+
+
+def _tuner_failures(configs: dict) -> list[str]:
+    """Prominent lines, before the table, for configs whose tuner plugin did not load on every rank."""
+    out = []
+    for name, c in configs.items():
+        t = c.get("tuner")
+        if t and not t["ok"]:
+            problems = [p for r in t["ranks"] for p in r["problems"]]
+            out.append(f"TUNER PLUGIN NOT PROVEN [{name}]: {problems[0]}"
+                       + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            out.append(f"  so [{name}] below is NCCL's own choice, not the rules'")
+    return out

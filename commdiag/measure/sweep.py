@@ -111,9 +111,10 @@ def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict
         return {}, "not applicable (gloo)"
     if "NCCL_DEBUG" in env:
         return {}, f"user's own NCCL_DEBUG={env['NCCL_DEBUG']} kept; NCCL's confirmation is read only if it logs ENV to a file"
-    return ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ENV",
+    subsys = "ENV,INIT" if _tuner_requested(env) else "ENV"  # INIT: the tuner's load and rule lines
+    return ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": subsys,
              "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log")},
-            "commdiag: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV (init only, no per-call logging)")
+            f"commdiag: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS={subsys} (init only, no per-call logging)")
 
 
 def _method(spec: Spec) -> dict:
@@ -540,6 +541,8 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
                 launch["wall_s"] = round(launch["measure_s"] + share, 3)
             if spec.backend == "nccl" and result and launch["status"] == results.OK:
                 _require_nccl_proof(launch, plan["runs"][n]["set_env"], result)
+        if spec.backend == "nccl" and result and launch["status"] == results.OK:
+            _require_tuner_proof(launch, {**base_env, **configs[launch["config"]]["env"]}, result)
     return outcome
 
 
@@ -557,6 +560,32 @@ def _require_nccl_proof(launch: dict, set_env: dict, result: dict) -> None:
                                    f"(it logged {got if got is not None else 'nothing'}); the measurement may "
                                    "not be of this setting: run without reuse_process")
                 return
+
+
+def _tuner_requested(env: dict) -> str | None:
+    value = env.get("NCCL_TUNER_PLUGIN")
+    return value if value and value.lower() != "none" else None
+
+
+def _require_tuner_proof(launch: dict, env: dict, result: dict) -> None:
+    """A config naming NCCL_TUNER_PLUGIN is kept only if every rank's NCCL log shows the plugin loaded
+    (and, for commdiag's plugin, rules loaded for its communicator): else it measured NCCL's defaults."""
+    wanted = _tuner_requested(env)
+    if not wanted:
+        return
+    for r in result["ranks"]:
+        evidence = r.get("nccl_tuner")
+        if evidence is None:
+            why = ("no NCCL log to read (NCCL_DEBUG is set in your environment or base_env, so commdiag did not "
+                   "set its own debug file; unset it)" if "NCCL_DEBUG" in env else "NCCL printed no tuner line")
+        else:
+            why = "; ".join(evidence.get("problems") or []) or None
+            if why is None and not evidence.get("loaded"):
+                why = "NCCL printed no tuner load line"
+        if why:
+            launch["status"] = results.FAILED
+            launch["error"] = f"tuner plugin {wanted}: rank {r['rank']}: {why}; the launch measured NCCL's own choices"
+            return
 
 
 def _record(spec: Spec, run: dict, launch: dict, outcome: launcher.LaunchOutcome, result: dict | None,

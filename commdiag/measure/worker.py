@@ -61,7 +61,7 @@ from pathlib import Path
 
 from . import collectives
 from .. import metadata
-from ..nccl import ncclog
+from ..nccl import ncclog, tunerlog
 from ..atomic import write_json
 
 FAULT = os.environ.get("COMMDIAG_TEST_FAULT", "")
@@ -208,6 +208,8 @@ def _run(plan: dict, rank: int) -> int:
         result = _measure(torch, dist, plan, paths, agree, dtype, device, rank, world, backend, info)
         if plan.get("nccl_debug_file"):
             result["nccl_applied"], result["nccl_log_version"] = _nccl_applied(plan["nccl_debug_file"], log_from)
+            if os.environ.get("NCCL_TUNER_PLUGIN"):
+                result["nccl_tuner"] = _nccl_tuner(plan["nccl_debug_file"], log_from)
         everyone: list = [None] * world
         dist.all_gather_object(everyone, result, group=control)
         if local_rank == 0:
@@ -431,6 +433,20 @@ def _nccl_applied(pattern: str, start: int = 0) -> tuple[dict, str | None]:
     version = next((p.version for p in ncclog.parse(data.decode(errors="replace")).values() if p.version), None)
     proc = procs.get(os.getpid()) or next(iter(procs.values()), None)
     return (dict(proc.applied) if proc else {}), version
+
+
+def _nccl_tuner(pattern: str, start: int = 0) -> dict | None:
+    """What NCCL and the tuner plugin said (nccl/tunerlog.py): the load from the whole file (NCCL loads
+    the library once per process), rules and rule applications from this run's bytes on."""
+    try:
+        data = _debug_path(pattern).read_bytes()
+    except OSError:
+        return None
+    pid = os.getpid()
+    whole = tunerlog.parse(data.decode(errors="replace")).get(pid)
+    part = tunerlog.parse(data[start:].decode(errors="replace")).get(pid) if start else whole
+    found = tunerlog.merge_load(whole, part if part and (part.rules or part.rules_warnings) else whole)
+    return found.to_json() if found else None
 
 
 if __name__ == "__main__":

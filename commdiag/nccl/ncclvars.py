@@ -125,7 +125,10 @@ CHECKS = {
     "NCCL_CONF_FILE": _any,
     "NCCL_NET": _any,
     "NCCL_NET_PLUGIN": _any,
+    # a tuner plugin library and the rules file commdiag's plugin reads (NCCL itself does not read the
+    # second); a sweep spec must give both as absolute paths to existing files (formats/spec.py)
     "NCCL_TUNER_PLUGIN": _any,
+    "NCCL_TUNER_CONFIG_FILE": _any,
     "NCCL_ALGO_THRESHOLD": _any,
     "NCCL_IGNORE_CPU_AFFINITY": _bool,
     "NCCL_SET_THREAD_NAME": _bool,

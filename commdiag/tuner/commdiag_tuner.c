@@ -390,7 +390,8 @@ static ct_rule_t* ct_match(ct_ctx_t* ctx, int coll, size_t nBytes, int regBuff) 
 
 enum { CT_APPLIED = 0, CT_REFUSED_IGNORED = 1, CT_REFUSED_TABLE = 2, CT_REQUESTED = 3 };
 
-/* One INFO line per change of (size, regBuff, outcome) for this rule, bounded. */
+/* One INFO line per change of (size, regBuff, outcome) for this rule, bounded.  INIT|TUNING like the init lines:
+ * a sweep logs INIT (not TUNING, a line per NCCL call) and still sees which rule fired for which size. */
 static void ct_log_outcome(ct_ctx_t* ctx, ct_rule_t* r, int coll, size_t nBytes, int regBuff, int outcome,
                            double was) {
   if (outcome == CT_APPLIED || outcome == CT_REQUESTED) r->applied++;
@@ -401,7 +402,7 @@ static void ct_log_outcome(ct_ctx_t* ctx, ct_rule_t* r, int coll, size_t nBytes,
   r->lastBytes = nBytes;
   r->lastRegBuff = regBuff;
   if (++r->logged > CT_MAX_LOGGED_PER_RULE) {
-    ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_TUNING, __LINE__,
+    ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_INIT | CT_SUBSYS_TUNING, __LINE__,
            "commdiag-tuner: rule line %d: further applications are counted, not logged", r->line);
     return;
   }
@@ -409,24 +410,24 @@ static void ct_log_outcome(ct_ctx_t* ctx, ct_rule_t* r, int coll, size_t nBytes,
   const char* p = kProtoNames[r->proto];
   switch (outcome) {
     case CT_APPLIED:
-      ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_TUNING, __LINE__,
+      ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_INIT | CT_SUBSYS_TUNING, __LINE__,
              "commdiag-tuner: rule line %d applied: %s nBytes=%zu regBuff=%d -> algo=%s proto=%s channels=%d "
              "(cost was %.3f)", r->line, kCollNames[coll], nBytes, regBuff, a, p, r->channels, was);
       break;
     case CT_REQUESTED:
-      ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_TUNING, __LINE__,
+      ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_INIT | CT_SUBSYS_TUNING, __LINE__,
              "commdiag-tuner: rule line %d applied: %s nBytes=%zu regBuff=%d -> algo=%s proto=%s channels=%d "
              "(ABI v2: channels not set; NCCL keeps its choice if it disabled this pair)", r->line, kCollNames[coll],
              nBytes, regBuff, a, p, r->channels);
       break;
     case CT_REFUSED_IGNORED:
-      ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_TUNING, __LINE__,
+      ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_INIT | CT_SUBSYS_TUNING, __LINE__,
              "commdiag-tuner: rule line %d not applied: %s nBytes=%zu regBuff=%d: NCCL disabled algo=%s proto=%s "
              "for this collective (cost %.1f); NCCL's choice stands", r->line, kCollNames[coll], nBytes, regBuff,
              a, p, was);
       break;
     default:
-      ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_TUNING, __LINE__,
+      ct_log(ctx->log, CT_LOG_INFO, CT_SUBSYS_INIT | CT_SUBSYS_TUNING, __LINE__,
              "commdiag-tuner: rule line %d not applied: %s nBytes=%zu: algo=%s proto=%s is outside NCCL's cost "
              "table; NCCL's choice stands", r->line, kCollNames[coll], nBytes, a, p);
   }
