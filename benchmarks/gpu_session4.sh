@@ -9,6 +9,7 @@
 #   step       commdiag step, seed-shaped MoE at TP=2, decode sizes, default vs seed (issue 15)
 #   step-p2poff  the same with NCCL_P2P_DISABLE=1
 #   reconcile-l2  benchmarks/reconcile_l2.py: in place vs out of place, 117 MB slice, L2 flush, random data
+#   proof      check-env --nccl with the tuner plugin: loaded, missing library, bad rules (after tuner)
 #   tuner      per-size certified PROTO x ALGO sweep -> tuner rules -> default vs tuned (certified per size),
 #              with and without NCCL_P2P_DISABLE=1 (issue 14)
 set -u
@@ -159,6 +160,27 @@ for stage in "$@"; do
     step-p2poff) run_stage step-p2poff step sweeps/step-moe-tp2.yaml --set 'sizes.tokens=[1,2,3]' --set trials=2 \
                    --set base_env.NCCL_P2P_DISABLE=1;;
     tuner) tuner;;
+    proof) [ -f $G/done-proof ] || {  # check-env --nccl with the plugin: loaded, and two ways of failing
+        P=$G/proof; mkdir -p $P; T=$G/tuner; L=$T/libnccl-tuner-commdiag.so
+        printf '# commdiag-tuner-rules 1\ncoll=allreduce min_bytes=0 max_bytes=10 nranks=2 nnodes=1 algo=ring proto=fast\n' > $P/bad-rules.txt
+        for c in "ok $L $T/rules.txt" "missing-library $P/absent/libnccl-tuner-commdiag.so $T/rules.txt" "bad-rules $L $P/bad-rules.txt"; do
+          set -- $c
+          NCCL_TUNER_PLUGIN=$2 NCCL_TUNER_CONFIG_FILE=$3 timeout 120 python3 -m commdiag.cli check-env --nccl --json > $P/checkenv-$1.json 2> $P/checkenv-$1.err
+          echo "check-env --nccl $1 rc=$?" | tee -a $P/rc.txt
+        done
+        python3 - $P/checkenv-ok.json $P/checkenv-missing-library.json $P/checkenv-bad-rules.json <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    try:
+        d = json.load(open(f))
+    except Exception as e:
+        print(f, "unreadable", e); continue
+    t = d.get("tuner") or {}
+    print(f.rsplit("/", 1)[1], "ok", d.get("ok"), "tuner ok", t.get("ok"), t.get("error"))
+    for r in t.get("ranks", []):
+        print("  rank", r.get("rank"), r.get("summary"), r.get("problems"), {k: (v or {}).get("line") for k, v in (r.get("sizes") or {}).items()})
+PY
+        touch $G/done-proof; };;
     reconcile-l2) [ -f $G/done-reconcile-l2 ] || {  # which buffer state explains nccl-tests' 172/193 us
         for cfg in seed default; do
           if [ $cfg = seed ]; then e="NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_P2P_LEVEL=SYS NCCL_MAX_NCHANNELS=16 NCCL_BUFFSIZE=16777216 NCCL_NTHREADS=512"; else e=""; fi
@@ -169,5 +191,5 @@ for stage in "$@"; do
   esac
   echo "== after $stage: $(left)s left"
 done
-for r in step step-p2poff; do [ -f $G/$r-console.txt ] && tail -45 $G/$r-console.txt; done
+for r in tuned-p2pon tuned-p2poff; do [ -f $G/$r-console.txt ] && tail -45 $G/$r-console.txt && cat $G/$r-plugin-lines.txt; done
 echo "left $(left)s; done: $(cd $G && ls done-* 2>/dev/null | tr '\n' ' ')"; cat $G/skipped.txt 2>/dev/null

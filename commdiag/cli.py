@@ -154,7 +154,7 @@ def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_si
     _finish_run(res, as_json)
 
 
-@main.command("step", short_help="Is communication the bottleneck? A TP decode step, per NCCL config.")
+@main.command("step", short_help="A TP step per NCCL config: is communication the bottleneck?")
 @click.argument("spec_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a spec key, e.g. --set model.layers=8 or --set base_env.NCCL_P2P_DISABLE=1.")
