@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-_PREFIX = re.compile(r"^(?P<host>[^:\s]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>\w+) (?P<msg>.*)$")
+# INFO: "host:pid:tid [dev] NCCL INFO msg"; WARN (NCCL 2.28.9, seen on 2x H200): "[YYYY-MM-DD hh:mm:ss]
+# host:pid:tid [dev] file.c:line NCCL WARN msg" -- a timestamp first and the source location before NCCL.
+_PREFIX = re.compile(r"^(?:\[[^\]]*\] )?(?P<host>[^:\s\[]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
+                     r"(?:\S+:\d+ )?NCCL (?P<level>\w+) (?P<msg>.*)$")
 _SET = re.compile(r"^(?P<name>NCCL_\w+) set by environment to (?P<value>.*)$")
 _VERSION = re.compile(r"^NCCL version (?P<version>\S+)")
 

@@ -23,10 +23,10 @@ the last (inclusive).  Between two blocks, below the first and above the last me
 nothing was certified, so no rule covers it: never a midpoint.
 
 Every rule gets ``mode=any``: the sweep forced its choice through the environment, which applies
-to every call, graph or eager, so ``any`` is what was measured.  ``mode=graph`` would not even
-match torch's CUDA graphs: NCCL says ``regBuff=1`` only for registered buffers, and torch's
-allocator does not register them (the GPU probe, benchmarks/h200x2-2026-11-30/tuner-probe, saw
-``regBuff=0`` in graph mode).
+to every call, graph or eager, so ``any`` is what was measured.  (On 2x H200 with NCCL 2.28.9,
+benchmarks/h200x2-2026-11-30-s4/tuned-p2pon, NCCL passed ``regBuff=1`` for the all-reduces torch
+captured into a CUDA graph and ``regBuff=0`` for its eager calls, so a ``mode=graph`` rule would
+reach the captured calls only; session 3's probe had seen only eager calls' lines.)
 """
 
 from __future__ import annotations
@@ -340,8 +340,8 @@ def derive(run_dir: str | Path, *, allow_ll128: bool = False, now: _dt.datetime 
     if v.primary_mode != "graph" and v.primary_mode is not None:
         notes.append(f"certified in {v.primary_mode} mode: the rules apply to every call (mode=any)")
     else:
-        notes.append("certified in graph mode (CUDA graphs); the rules apply to every call (mode=any): torch's "
-                     "buffers are not registered, so NCCL says regBuff=0 in graphs too and mode=graph would never match")
+        notes.append("certified in graph mode (CUDA graphs); the rules apply to every call (mode=any), as the "
+                     "sweep's environment forced each choice on every call, graph and eager alike")
     if rules and len(rules) > rules_mod.MAX_RULES:
         raise CommdiagError(f"{run_dir}: {len(rules)} rules: more than the plugin reads ({rules_mod.MAX_RULES})")
     threshold = certs[0].threshold if certs else None
@@ -402,7 +402,7 @@ def _comments(run_dir: Path, run: dict, rules: list[Rule], decisions: list[SizeD
              f"at p <= {threshold:.2g}" if threshold is not None else "per-size certification (--certify-sizes)",
              "one rule per run of adjacent measured sizes with the same certified winner, first to last size; "
              "sizes in between runs and outside them: NCCL decides",
-             "mode=any: what the sweep's environment forced (torch's CUDA graphs run with regBuff=0)"]
+             "mode=any: what the sweep's environment forced (every call, graph and eager)"]
     if not rules:
         lines.append("no rules: no certified per-size winner could become a rule; NCCL keeps every choice")
     by_size = {d.size_bytes: d for d in decisions}
