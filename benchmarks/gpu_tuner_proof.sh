@@ -2,9 +2,9 @@
 # Issue 14 parts 4-5 on a lent 2-GPU machine: the proof that the tuner plugin loaded and which rule
 # fired, in check-env --nccl (loaded, and four ways of not loading), in every sweep launch and in explain.
 #   bash benchmarks/gpu_tuner_proof.sh      # leaves $OUT/proof.tgz
-# Not run yet as a whole: session 4 ran the check-env part (loaded, missing library, bad rules) and the tuned
+# Not run as a whole: session 4 recorded every check-env case (loaded and all four failures) and the tuned
 # sweeps through benchmarks/gpu_session4.sh (stages proof and tuner); the "not a tuner" and dlopen-error cases
-# here are what is left to record.
+# are recorded too (benchmarks/h200x2-2026-11-30-s4/proof).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 if [ -d .whl ]; then

@@ -68,6 +68,10 @@ def test_check_env_tuner_lines_recorded_on_gpus():
         assert {b: e.line for b, e in t.rule_by_size().items()} == {MB18: 11, MB37: 12}
     for t in _log("missing-library").values():
         assert not t.loaded and t.problems() and "Could not find" in t.problems()[0]
+    for t in _log("unsupported").values():  # a shared library without ncclTunerPlugin_v*
+        assert not t.loaded and "External tuner plugin /tmp/p/libnot-a-tuner.so is unsupported" in t.problems()[0]
+    for t in _log("dlopen-error").values():  # not a shared library at all: glibc's own words
+        assert not t.loaded and t.problems()[0].endswith("/tmp/p/rules.txt: invalid ELF header")
     for t in _log("bad-rules").values():
         # the plugin's WARN, in NCCL's real WARN form ([time] host:pid:tid [dev] file:line NCCL WARN ...)
         assert t.loaded and t.problems() == [
