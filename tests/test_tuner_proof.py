@@ -117,7 +117,7 @@ def test_rules_warn_names_the_file_line(tmp_path):
     bad.write_text("# commdiag-tuner-rules 1\n\ncoll=allreduce min_bytes=0\n")
     with pytest.raises(rules.RulesError) as e:
         rules.load(bad)
-    text = (recording((874,)).replace(f"commdiag-tuner: loaded 2 rules from /tmp/tuner/rules.txt, 2 for nRanks=2 "
+    text = (recording((874,)).replace("commdiag-tuner: loaded 2 rules from /tmp/tuner/rules.txt, 2 for nRanks=2 "
                                       "nNodes=1 (comm 0xf83f9b9cb22626f3, tuner ABI v5)", "x")
             + f"vm:874:874 [0] NCCL WARN commdiag-tuner: NCCL_TUNER_CONFIG_FILE={bad}: {e.value.detail}; no rules, "
               "NCCL chooses every collective\n")
