@@ -127,26 +127,14 @@ def _progress_line(p) -> str:
 def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes):
     """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial), then
     confirm the screening's candidates on fresh launches (stage 2) for a certified answer."""
-    from .formats import spec as spec_mod
-    from .measure import sweep as sweep_mod
-
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
     if resume is not None and (spec_file is not None or sets or out is not None or no_confirm or certify_sizes):
         # the run folder holds its spec; anything given beside it would be silently ignored
         raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "
                                "do not give a SPEC_FILE, --set, --out, --no-confirm or --certify-sizes with it")
-    spec = None
-    if resume is None:
-        spec = spec_mod.load_spec(spec_file, sets)
-        if spec.model:
-            raise errors.CommdiagError(f"{spec_file}: model: this is a step spec (a synthetic TP layer); run it "
-                                       f"with  commdiag step {spec_file}")
-        for w in spec.warnings:
-            _echo(f"commdiag: warning: {w}", err=True)
-    progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
-    res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
-                              confirm=not no_confirm, certify_sizes=certify_sizes)
+    res = _run_spec(spec_file, sets, out, resume, as_json, step=False, no_confirm=no_confirm,
+                    certify_sizes=certify_sizes)
     if explain and res.state == "complete":
         from .measure import explain as explain_mod
 
@@ -169,26 +157,34 @@ def step_cmd(spec_file, sets, out, resume, as_json, no_confirm):
     """Time a synthetic tensor-parallel step (the spec's model: block) per NCCL config: the step, the same step
     without its all-reduces and the all-reduces alone, graph and eager.  Prints the all-reduces' share of the
     step and, certified as in sweep, whether a config changes the step time (docs/step.md)."""
-    from .formats import spec as spec_mod
-    from .measure import sweep as sweep_mod
-
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
     if resume is not None and (spec_file is not None or sets or out is not None or no_confirm):
         raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "
                                "do not give a SPEC_FILE, --set, --out or --no-confirm with it")
+    _finish_run(_run_spec(spec_file, sets, out, resume, as_json, step=True, no_confirm=no_confirm), as_json)
+
+
+def _run_spec(spec_file, sets, out, resume, as_json, *, step: bool, no_confirm: bool, certify_sizes: bool = False):
+    """What sweep and step share: load the spec (a step spec has model:, a sweep spec has not), print its
+    warnings, run both stages with progress lines."""
+    from .formats import spec as spec_mod
+    from .measure import sweep as sweep_mod
+
     spec = None
     if resume is None:
         spec = spec_mod.load_spec(spec_file, sets)
-        if not spec.model:
+        if step and not spec.model:
             raise errors.CommdiagError(f"{spec_file}: model: missing; commdiag step needs the layer's shape "
                                        "(docs/step.md); for an all-reduce sweep use  commdiag sweep")
+        if not step and spec.model:
+            raise errors.CommdiagError(f"{spec_file}: model: this is a step spec (a synthetic TP layer); run it "
+                                       f"with  commdiag step {spec_file}")
         for w in spec.warnings:
             _echo(f"commdiag: warning: {w}", err=True)
     progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
-    res = sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
-                              confirm=not no_confirm)
-    _finish_run(res, as_json)
+    return sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
+                               confirm=not no_confirm, certify_sizes=certify_sizes)
 
 
 def _step_table(data):
@@ -293,10 +289,11 @@ def report_cmd(run_dir, out, as_json):
 
     if out is not None:
         check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
-    path, verdicts = report.write_report(run_dir, out)
     from .formats import results
 
-    step = _step_table(results.load_run(run_dir))
+    data = results.load_run(run_dir)  # once: the report and the step table read the same run
+    path, verdicts = report.write_report(run_dir, out, data=data)
+    step = _step_table(data)
     if as_json:
         _echo(json.dumps({"format": "commdiag-verdicts", "version": 2, "run_dir": str(run_dir),
                                "report": str(path), "verdicts": verdicts.to_json(),

@@ -63,25 +63,27 @@ def step_rows(values: list[stats.LaunchValue], run: dict) -> list[StepRow]:
     tokens = {s["bytes"]: s.get("tokens") for s in run["spec"]["sizes"]}
     modes = run["spec"]["modes"]
     by = {(v.config, v.size_bytes, v.mode, v.launch): v.value for v in values}
+    launches: dict[tuple, list[int]] = {}
+    for v in values:
+        launches.setdefault((v.config, v.size_bytes, v.mode), []).append(v.launch)
     rows = []
     configs = [c["name"] for c in run["configs"]]
     for mode in modes:
         for size in sorted(tokens):
             for c in configs:
-                launches = sorted({l for (cc, s, m, l) in by if cc == c and s == size and m == mode})
-                if not launches:
+                ls = sorted(set(launches.get((c, size, mode), ())))
+                if not ls:
                     continue
-                step = [math.exp(by[(c, size, mode, l)]) for l in launches]
-                comp = [math.exp(by[k]) for l in launches if (k := (c, size, f"{mode}-compute", l)) in by]
-                comm = [math.exp(by[k]) for l in launches if (k := (c, size, f"{mode}-comm", l)) in by]
-                share = [1.0 - math.exp(by[(c, size, f"{mode}-compute", l)] - by[(c, size, mode, l)])
-                         for l in launches if (c, size, f"{mode}-compute", l) in by]
-                alone = [math.exp(by[(c, size, f"{mode}-comm", l)] - by[(c, size, mode, l)])
-                         for l in launches if (c, size, f"{mode}-comm", l) in by]
-                s = _spread(step)
+                full = {l: by[(c, size, mode, l)] for l in ls}
+                comp = {l: by[k] for l in ls if (k := (c, size, f"{mode}-compute", l)) in by}
+                comm = {l: by[k] for l in ls if (k := (c, size, f"{mode}-comm", l)) in by}
+                s = _spread([math.exp(v) for v in full.values()])
                 tps = tokens[size] / (s.median * 1e-6) if tokens[size] and s.median > 0 else None
-                rows.append(StepRow(c, tokens[size], size, mode, s, _spread(comp), _spread(comm), _spread(share),
-                                    _spread(alone), tps))
+                rows.append(StepRow(
+                    c, tokens[size], size, mode, s,
+                    _spread([math.exp(v) for v in comp.values()]), _spread([math.exp(v) for v in comm.values()]),
+                    _spread([1.0 - math.exp(v - full[l]) for l, v in comp.items()]),
+                    _spread([math.exp(v - full[l]) for l, v in comm.items()]), tps))
     return rows
 
 
