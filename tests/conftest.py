@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import shutil
+
 import pytest
 import yaml
 
@@ -41,3 +43,36 @@ def free_port() -> int:
 @pytest.fixture
 def spec_file(tmp_path):
     return lambda **kw: write_spec(tmp_path / "spec.yaml", **kw)
+
+
+def _gpu_count() -> int:
+    """CUDA GPUs visible to this test process (0 without torch or CUDA); read once."""
+    global _GPUS
+    if _GPUS is None:
+        try:
+            import torch
+
+            _GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except Exception:  # noqa: BLE001 - no usable torch means no GPU for these tests
+            _GPUS = 0
+    return _GPUS
+
+
+_GPUS = None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run where a GPU is visible and skip, saying so, where none is."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and _gpu_count() == 0:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One visible line when the browser the report tests need is missing (they skip without it)."""
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        terminalreporter.write_line(
+            "NOTE: chromium is not installed: the HTML report tests were skipped "
+            "(apt-get install chromium; CI requires it)", yellow=True, bold=True)

@@ -89,12 +89,16 @@ def preflight(spec: Spec) -> int:
                 "For a CPU run use the gloo backend, e.g. commdiag sweep sweeps/cpu-smoke.yaml")
         nproc = nproc or gpus
         if nproc > gpus:
-            raise CommdiagError(f"{spec.path}: nproc_per_node: {nproc} ranks but only {gpus} GPUs are visible")
+            fewer = f"use --set nproc_per_node={gpus}, or " if gpus >= 2 else ""
+            raise CommdiagError(
+                f"{spec.path}: nproc_per_node: {nproc} ranks but only {gpus} GPU(s) are visible; "
+                f"{fewer}try the machinery on CPU with gloo: commdiag sweep sweeps/cpu-smoke.yaml")
     nproc = nproc or 2
     if nproc * spec.nnodes < 2:
         # torch skips a 1-rank all-reduce (the CUDA graph comes out empty): nothing would be measured.
         raise CommdiagError(f"{spec.path}: nproc_per_node: an all-reduce needs at least 2 ranks in all "
-                            f"(got {nproc} x {spec.nnodes} node(s))")
+                            f"(got {nproc} x {spec.nnodes} node(s))"
+                            + ("; on CPU try: commdiag sweep sweeps/cpu-smoke.yaml" if spec.backend == "nccl" else ""))
     return nproc
 
 
