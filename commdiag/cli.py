@@ -12,13 +12,27 @@ from pathlib import Path
 
 import click
 
-from . import __version__, errors
+from . import __version__, errors, linewrap
 
 
-def _echo(message="", err: bool = False, nl: bool = True) -> None:
+def _echo(message="", err: bool = False, nl: bool = True, wrap: bool = True) -> None:
     """Every line commdiag prints: control characters (OSC titles, clear screen, cursor moves) from
-    config names, environment values, paths or a hostile interpreter's output are shown, never obeyed."""
-    click.echo(errors.terminal_safe(message), err=err, nl=nl)
+    config names, environment values, paths or a hostile interpreter's output are shown, never obeyed;
+    and every line fits 100 columns (linewrap.py).  ``wrap=False`` only for JSON and verbatim file
+    content, where a line break would change what is shown."""
+    text = errors.terminal_safe(message)
+    click.echo(linewrap.fit(text) if wrap else text, err=err, nl=nl)
+
+
+def _echo_verbatim(text: str, verbatim: str) -> None:
+    """``text`` wrapped, except the ``verbatim`` part it holds (a diff of file content), printed as is."""
+    before, found, after = text.partition(verbatim) if verbatim else (text, "", "")
+    if not found:
+        _echo(text)
+        return
+    _echo(before, nl=False)
+    _echo(found, nl=False, wrap=False)
+    _echo(after)
 
 
 def _fail(e: errors.CommdiagError) -> None:
@@ -58,7 +72,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except errors.CommdiagError as e:
             _fail(e)
-        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+        except click.exceptions.ClickException as e:
+            e.message = linewrap.fit("Error: " + e.message)[len("Error: "):]  # click prints it after "Error: "
+            raise
+        except (click.exceptions.Abort, click.exceptions.Exit):
             raise
         except KeyboardInterrupt:
             _echo("commdiag: interrupted", err=True)
@@ -218,7 +235,7 @@ def _finish_run(res, as_json: bool) -> None:
                                "verdicts": pub.verdicts.to_json() if pub else None,
                                "report": str(pub.report) if pub else None,
                                "profiles": [str(res.run_dir / p) for p in pub.profiles] if pub else [],
-                               **({"step": step[1]} if step else {})}, indent=1))
+                               **({"step": step[1]} if step else {})}, indent=1), wrap=False)
     else:
         _echo(render_table(data.summary))
         if step:
@@ -272,7 +289,7 @@ def explain_cmd(run_dir, as_json, no_run):
     else:
         data = explain_mod.run_explain(run_dir)
     if as_json:
-        _echo(json.dumps({"format": "commdiag-explain", "version": 1, **data}, indent=1))
+        _echo(json.dumps({"format": "commdiag-explain", "version": 1, **data}, indent=1), wrap=False)
     else:
         _echo(explain_mod.render(data, run["spec"]["sizes"]))
 
@@ -297,7 +314,7 @@ def report_cmd(run_dir, out, as_json):
     if as_json:
         _echo(json.dumps({"format": "commdiag-verdicts", "version": 2, "run_dir": str(run_dir),
                                "report": str(path), "verdicts": verdicts.to_json(),
-                               **({"step": step[1]} if step else {})}, indent=1))
+                               **({"step": step[1]} if step else {})}, indent=1), wrap=False)
     else:
         if step:
             _echo(step[0] + "\n")
@@ -322,7 +339,7 @@ def compare_cmd(run_a, run_b, as_json, html_out):
     if html_out:
         write_text(html_out, compare.build_html(res))
     if as_json:
-        _echo(json.dumps(res.to_json(), indent=1))
+        _echo(json.dumps(res.to_json(), indent=1), wrap=False)
     else:
         _echo(compare.render_text(res))
         if html_out:
@@ -385,7 +402,7 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
     if nccl:
         r = envcheck.check_nccl(expect, profile=profile_path, nproc=nproc, conf_root=conf_root)
         if as_json:
-            _echo(_envelope("check-env-nccl", r.to_json()))
+            _echo(_envelope("check-env-nccl", r.to_json()), wrap=False)
         else:
             _echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV), {envcheck.describe_expectation(r.source)}:")
             if r.debug_note:
@@ -406,13 +423,13 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
     if propagation:
         r = propagation_mod.check_propagation(expect, profile=profile_path, torchrun=not no_torchrun)
         if as_json:
-            _echo(_envelope("check-env-propagation", r.to_json()))
+            _echo(_envelope("check-env-propagation", r.to_json()), wrap=False)
         else:
             _echo(propagation_mod.render(r))
         sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
     r = envcheck.check_env(expect, profile=profile_path, names=extra_vars, conf_root=conf_root)
     if as_json:
-        _echo(_envelope("check-env", r.to_json()))
+        _echo(_envelope("check-env", r.to_json()), wrap=False)
     else:
         _echo(f"pid {r.pid} {r.executable}")
         _echo(envcheck.describe_expectation(r.source))
@@ -446,7 +463,7 @@ def detect(pythons, nvml_replay, as_json):
     from .environment import detect as detect_mod
 
     d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay))
-    _echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d))
+    _echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d), wrap=not as_json)
     sys.exit(errors.EXIT_OK if d.ok else errors.EXIT_CHECK_FAILED)
 
 
@@ -464,7 +481,7 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
 
     r = doctor_mod.doctor(pythons, expect=envcheck.parse_assignments(expects), profile=profile_path,
                           nvml_readings=_load_readings(nvml_replay))
-    _echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r))
+    _echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r), wrap=not as_json)
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
 
 
@@ -514,7 +531,7 @@ def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, s
         if from_dir or profile_path or sets:
             expected = hook.resolve_settings(from_dir, profile_path, sets, force=True).values
         res = hook.status(python=python, flags=python_flags, root=root, expected=expected)
-        _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res))
+        _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res), wrap=not as_json)
         sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
     if method is None:
         method = "none" if (systemd_unit or nccl_conf) and python is None else "auto"
@@ -528,7 +545,10 @@ def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, s
                            systemd_env_file=systemd_env_file, nccl_conf=nccl_conf, override=override, force=force,
                            root=root, tuner=tuner)
         res = hook.install(req, dry_run=dry_run, verify=not no_verify)
-    _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_install(res))
+    if as_json:
+        _echo(json.dumps(res.to_json(), indent=1), wrap=False)
+    else:
+        _echo_verbatim(hook.render_install(res), res.diff if res.dry_run else "")
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
 
 
@@ -551,7 +571,8 @@ def tuner_build_cmd(out_dir, rules_path, as_json):
 
     n_rules = len(rules.load(rules_path)) if rules_path is not None else None
     res = build.build_result(out_dir)
-    _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules))
+    _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules),
+          wrap=not as_json)
     sys.exit(errors.EXIT_OK)
 
 
@@ -577,7 +598,8 @@ def tuner_rules_cmd(run_dir, out, allow_ll128, as_json):
         write_text(out, res.text)
         written = out
     if as_json:
-        _echo(json.dumps({**res.to_json(), "written": None if written is None else str(written)}, indent=1))
+        _echo(json.dumps({**res.to_json(), "written": None if written is None else str(written)}, indent=1),
+              wrap=False)
     else:
         _echo(fromrun.render(res, written if res.rules else out))
     sys.exit(errors.EXIT_OK)
