@@ -237,7 +237,7 @@ def _finish_run(res, as_json: bool) -> None:
                                "profiles": [str(res.run_dir / p) for p in pub.profiles] if pub else [],
                                **({"step": step[1]} if step else {})}, indent=1), wrap=False)
     else:
-        _echo(render_table(data.summary))
+        _echo(render_table(data))
         if step:
             _echo("\n" + step[0])
         if pub:
@@ -346,21 +346,11 @@ def compare_cmd(run_a, run_b, as_json, html_out):
             _echo(f"\nhtml: {html_out}")
 
 
-def render_table(summary) -> str:
-    """nccl-tests-style table, under 100 columns; every time with its spread (p10-p90) and launch count.
-    A long config name is cut with a tag of its own (never into the same text as another's)."""
-    from .analyse.report import _fit
+def render_table(data, values=None) -> str:
+    """The sweep's table (analyse/sweeptable.py); ``values``: the run's launch values when already computed."""
+    from .analyse import sweeptable, verdict
 
-    if summary.empty:
-        return "no samples"
-    lines = [f"{'size(B)':>10} {'tok':>5} {'mode':<12} {'config':<24} {'time(us)':>9} {'p10-p90(us)':>15} "
-             f"{'runs':>4} {'busbw':>7} {'wrong':>5}"]
-    for r in summary.itertuples(index=False):
-        tokens = "" if r.tokens is None or str(r.tokens) in ("<NA>", "nan") else str(r.tokens)
-        spread = f"{r.p10_us:.1f}-{r.p90_us:.1f}"
-        lines.append(f"{r.size_bytes:>10} {tokens:>5} {r.mode:<12} {_fit(str(r.config), 24):<24} {r.median_us:>9.2f} "
-                     f"{spread:>15} {r.launches:>4} {r.busbw_gbps:>7.2f} {r.wrong:>5}")
-    return "\n".join(lines)
+    return sweeptable.render(data, verdict.run_values(data) if values is None else values)
 
 
 # --------------------------------------------------------------------------- check-env / detect / doctor

@@ -84,14 +84,20 @@ def test_comm_share_is_one_minus_compute_over_step_per_launch():
     vals.append(stats.LaunchValue("seed", 9, 100, "graph", math.log(50.0), 2))  # stage 2: the step alone
     rows = steptable.step_rows(vals, run)
     d = next(r for r in rows if r.config == "default")
-    assert d.step_us.median == pytest.approx(100.0) and (d.step_us.lo, d.step_us.hi) == pytest.approx((90.0, 110.0))
+    # times: the gmean over launches (what every table shows); shares: the median of the per-launch shares
+    assert d.step_us.value == pytest.approx((100.0 * 110.0 * 90.0) ** (1 / 3)) and d.step_us.stat == "gmean"
+    assert (d.step_us.lo, d.step_us.hi) == pytest.approx((90.0, 110.0))
     assert d.comm_share.launches == 3
-    assert sorted([d.comm_share.lo, d.comm_share.median, d.comm_share.hi]) == pytest.approx([0.1, 0.2, 0.3])
-    assert d.comm_alone.median == pytest.approx(0.3) and d.tokens_per_s == pytest.approx(1e4)
+    assert sorted([d.comm_share.lo, d.comm_share.value, d.comm_share.hi]) == pytest.approx([0.1, 0.2, 0.3])
+    assert d.comm_share.stat == "median"
+    assert d.comm_alone.value == pytest.approx(0.3) and d.tokens_per_s == pytest.approx(1 / (d.step_us.value * 1e-6))
     s = next(r for r in rows if r.config == "seed")
     assert s.comm_share is None and s.step_us.launches == 1
     text = steptable.render(rows)
     assert "comm share 20.0% [10.0%-30.0%]" in text and "n=3" in text
+    # the all-reduces alone (30%) against the share (20%): its meaning beside it, within 100 columns
+    assert "all-reduces alone 30.0% of the step: more than the share: part of it hides inside the step" in text
+    assert max(len(l) for l in text.splitlines()) <= 100
     assert steptable.to_json(rows)["format"] == "commdiag-step-table"
 
 
@@ -100,15 +106,15 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     proc = run_cli("step", CPU_STEP, "--out", out, *TINY, "--no-confirm", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
-    assert data["step"]["format"] == "commdiag-step-table" and data["step"]["version"] == 1
+    assert data["step"]["format"] == "commdiag-step-table" and data["step"]["version"] == 2
     rows = data["step"]["rows"]
     assert {(r["config"], r["tokens"]) for r in rows} == {(c, t) for c in ("default", "seed") for t in (1, 64)}
     for r in rows:
         assert r["mode"] == "eager" and r["step_us"]["launches"] == 1
         # the step includes the all-reduces, so removing them leaves less time; gloo on CPU is slow (ms), so
         # the share is clearly above zero, and never above one
-        assert 0.0 < r["comm_share"]["median"] < 1.0 and r["compute_us"]["median"] < r["step_us"]["median"]
-        assert r["comm_us"]["median"] > 0
+        assert 0.0 < r["comm_share"]["value"] < 1.0 and r["compute_us"]["value"] < r["step_us"]["value"]
+        assert r["comm_us"]["value"] > 0 and r["step_us"]["stat"] == "gmean" and r["comm_share"]["stat"] == "median"
     summary = {(s["config"], s["tokens"], s["mode"]) for s in data["summary"]}
     assert ("default", 1, "eager-compute") in summary and ("seed", 64, "eager-comm") in summary
     run = results.load_run_json(out)

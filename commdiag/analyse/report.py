@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from . import stats, verdict
+from . import celltime, stats, verdict
+from ..measure import collectives
 from ..formats import results
 from .screening import band_text
 from ..atomic import write_text
@@ -116,17 +117,18 @@ def _layout(title: str, x: dict, y: dict, **kw) -> dict:
             "legend": {"font": {"size": 11}}, **kw}
 
 
-def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[stats.LaunchValue]) -> list[dict]:
+def figures(data: results.RunData, verdicts: verdict.Verdicts, values: list[stats.LaunchValue]) -> list[dict]:
     """The report's plots as plotly figure dicts (id, title, data, layout)."""
-    summary = data.summary
     configs = [c["name"] for c in data.run.get("configs", [])]
     color = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(configs)}
     tokens_by_size = {s["bytes"]: s.get("tokens") for s in data.run.get("spec", {}).get("sizes", [])}
     step_run = bool(data.run.get("spec", {}).get("model"))
+    nranks = data.run.get("world_size") or 0
     figs = []
-    rows = {}  # (mode, config) -> list of summary rows sorted by size
-    for r in summary.sort_values("size_bytes").itertuples(index=False):
-        rows.setdefault((r.mode, r.config), []).append(r)
+    times = celltime.cell_times(values)  # the lines: each cell's gmean, the number every table shows
+    rows = {}  # (mode, config) -> [(size, CellTime)] sorted by size
+    for (c, size, mode), t in sorted(times.items(), key=lambda kv: kv[0][1]):
+        rows.setdefault((mode, c), []).append((size, t))
     for mode in verdicts.modes or sorted({m for m, _ in rows}):
         lat, bw = [], []
         for c in configs:
@@ -134,22 +136,26 @@ def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[sta
             if not rs:
                 continue
             name = plot_text(c)
-            xs = [int(r.size_bytes) for r in rs]
+            xs = [size for size, _ in rs]
             lat.append({"type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": name,
-                        "x": xs, "y": [r.median_us for r in rs], "line": {"color": color[c]},
-                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.2f}} us (median of launches)<extra></extra>"})
-            pts = [m for m in medians if m.config == c and m.mode == mode]
+                        "x": xs, "y": [round(t.us, 3) for _, t in rs], "line": {"color": color[c]},
+                        "customdata": [t.launches for _, t in rs],
+                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.2f}} us (gmean of %{{customdata}} launches)"
+                                         "<extra></extra>"})
+            pts = [m for m in values if m.config == c and m.mode == mode]
             lat.append({"type": "scatter", "mode": "markers", "name": name + " launches", "legendgroup": name,
                         "showlegend": False, "x": [m.size_bytes for m in pts], "y": [round(m.us, 3) for m in pts],
                         "text": [f"launch {m.launch} (stage {m.stage})" for m in pts],
                         "marker": {"color": color[c], "size": 5, "opacity": 0.55, "symbol": "circle-open"},
                         "hovertemplate": f"{name} %{{text}}<br>%{{x}} B: %{{y:.2f}} us<extra></extra>"})
             bw.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": xs,
-                       "y": [r.busbw_gbps for r in rs], "line": {"color": color[c]},
+                       "y": [round(collectives.busbw_gbps(size, t.us, nranks), 4) for size, t in rs],
+                       "line": {"color": color[c]},
                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.3f}} GB/s<extra></extra>"})
         what = "one step of the TP model (commdiag step)" if step_run else "per all-reduce"
         figs.append({"id": f"latency-{mode}", "title": f"Latency vs size ({mode})", "data": lat,
-                     "layout": _layout(f"Latency {what} vs size, {mode} mode (points: each launch's value, the trimmed geometric mean)",
+                     "layout": _layout(f"Latency {what} vs size, {mode} mode (line: gmean; points: each launch's "
+                                       "value)",
                                        _axis("all-reduce size per rank (bytes)"), _axis("time (us)"))})
         if not step_run:  # a step's time is not one all-reduce's: a bandwidth from it would mean nothing
             figs.append({"id": f"busbw-{mode}", "title": f"Bus bandwidth vs size ({mode})", "data": bw,
@@ -164,15 +170,15 @@ def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[sta
             continue
         over = []
         for c in configs:
-            g = {int(r.size_bytes): r.median_us for r in rows.get((graph_mode, c), [])}
-            e = {int(r.size_bytes): r.median_us for r in rows.get((eager_mode, c), [])}
+            g = {size: t.us for size, t in rows.get((graph_mode, c), [])}
+            e = {size: t.us for size, t in rows.get((eager_mode, c), [])}
             xs = sorted(set(g) & set(e))
             if xs:
                 over.append({"type": "scatter", "mode": "lines+markers", "name": plot_text(c), "x": xs,
                              "y": [round(e[s] - g[s], 3) for s in xs], "line": {"color": color[c]},
                              "customdata": [[g[s], e[s]] for s in xs],
                              "hovertemplate": plot_text(c) + "<br>%{x} B: eager %{customdata[1]:.2f} us - graph "
-                                              "%{customdata[0]:.2f} us = %{y:.2f} us<extra></extra>"})
+                                              "%{customdata[0]:.2f} us = %{y:.2f} us (gmeans)<extra></extra>"})
         suffix = "" if via == "torch" else "-direct"
         figs.append({"id": f"graph-vs-eager{suffix}", "title": f"Graph vs eager (via {via})", "data": over,
                      "layout": _layout(f"Eager minus graph time per all-reduce via {via}: the launch overhead "
@@ -301,7 +307,7 @@ def _screening_matrix(verdicts: verdict.Verdicts, mode: str, tokens_by_size: dic
                 row.append("<td>n/a</td>")
                 continue
             title = (f"{cell.label}; {_num(cell.time_us)} vs {_num(cell.default_us)} us; launches "
-                     f"{', '.join(f'{v:g}' for v in cell.launch_us)} vs {', '.join(f'{v:g}' for v in cell.default_launch_us)}")
+                     f"{', '.join(plain(v) for v in cell.launch_us)} vs {', '.join(plain(v) for v in cell.default_launch_us)}")
             row.append(f"<td class=\"num\" title=\"{esc(title)}\">{(cell.ratio - 1) * 100:+.1f}%</td>")
         out.append("<tr>" + "".join(row) + "</tr>")
     out.append("</table>")
@@ -323,7 +329,7 @@ def _certified_section(verdicts: verdict.Verdicts) -> str:
             rows.append([esc(c.claim.config), esc(c.claim.mode), esc(c.claim.where),
                          esc("faster" if c.claim.alternative == stats.LESS else "either way"), esc(c.claim.reason),
                          f"<span class=\"{cls}\">{esc(c.text)}</span>",
-                         esc(", ".join(f"{v:g}" for v in c.config_us)), esc(", ".join(f"{v:g}" for v in c.default_us))])
+                         esc(", ".join(plain(v) for v in c.config_us)), esc(", ".join(plain(v) for v in c.default_us))])
         out.append(_table(["config", "mode", "where", "tested", "why a claim", "answer", "config launches (us)",
                            "default launches (us)"], rows, raw_cells=True))
     out.append(_table(["mode", "band", "winner"], [[w.mode, w.band, w.text] for w in verdicts.band_winners]))
@@ -367,11 +373,11 @@ def _confirmations(run: dict) -> str:
     return _table(["config", "variable", "set to", "seen per rank (launch)"], rows, raw_cells=True)
 
 
-def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[stats.LaunchValue]) -> str:
+def build_html(data: results.RunData, verdicts: verdict.Verdicts, values: list[stats.LaunchValue]) -> str:
     run = data.run
     spec = run.get("spec", {})
     tokens_by_size = {s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])}
-    figs = figures(data, verdicts, medians)
+    figs = figures(data, verdicts, values)
     counts: dict[str, int] = {}
     for l in run.get("launches", []):
         counts[l["status"]] = counts.get(l["status"], 0) + 1
@@ -395,7 +401,7 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
         b.append(_table(["config", "mode", "band", "ratio (estimate)", "screening", "launch values (us)",
                          "default's (us)"],
                         [[c.config, c.mode, c.band, _num3(c.ratio), c.label,
-                          ", ".join(f"{v:g}" for v in c.launch_us), ", ".join(f"{v:g}" for v in c.default_launch_us)]
+                          ", ".join(plain(v) for v in c.launch_us), ", ".join(plain(v) for v in c.default_launch_us)]
                          for c in verdicts.screening.band_cells]))
     if verdicts.excluded:
         b.append("<p>Never winners (a failed, timed-out or incorrect launch, or wrong elements):</p>")
@@ -403,7 +409,8 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
     b.append("<h2>Plots</h2>")
     b.append(plot_divs(figs))
     b.append("<h2>Timings</h2>")
-    b.append(_timings_section(data.summary, tokens_by_size))
+    b.append(_timings_section(data.summary, tokens_by_size, values, run.get("world_size") or 0,
+                              bool(spec.get("model"))))
     for mode in verdicts.modes:
         b.append(f"<h2>Screening estimates vs default, {esc(mode)} mode</h2>"
                  "<p>Estimated change vs default (ratio - 1) from stage 1; not verdicts. Hover a cell for the "
@@ -439,20 +446,25 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
     return page(f"commdiag report: {spec.get('name')}", "\n".join(b), figs)
 
 
-def _timings_section(summary, tokens_by_size: dict) -> str:
+def _timings_section(summary, tokens_by_size: dict, values: list[stats.LaunchValue], nranks: int,
+                     step_run: bool) -> str:
     """Every time with its spread and launch count (what the plots show on hover), one table per mode."""
     if summary.empty:
         return "<p>No samples.</p>"
-    out = ["<p>time = median of the launches' medians; p10-p90 over all samples; launch medians = the "
-           "spread between launches, the noise verdicts are judged against.</p>"]
+    times = celltime.cell_times(values)
+    out = [f"<p>{esc(celltime.LEGEND)}; samples p10-p90: over every iteration of every launch"
+           + ("" if step_run else "; busbw: GB/s at the gmean") + ".</p>"]
     for mode in sorted(set(summary["mode"]), key=lambda m: (m.endswith("-direct"), m != "graph", m)):
-        rows = [[size_label(int(r.size_bytes), tokens_by_size.get(int(r.size_bytes))), r.config,
-                 f"{r.median_us:.2f}", f"{r.p10_us:.2f}-{r.p90_us:.2f}",
-                 f"{r.launch_median_min_us:.2f}-{r.launch_median_max_us:.2f}", str(r.launches),
-                 f"{r.busbw_gbps:.3f}", str(r.wrong)]
-                for r in summary[summary["mode"] == mode].sort_values(["size_bytes", "config"]).itertuples()]
+        rows = []
+        for r in summary[summary["mode"] == mode].sort_values(["size_bytes", "config"]).itertuples():
+            t = times.get((str(r.config), int(r.size_bytes), mode))
+            bw = "-" if step_run or t is None else f"{collectives.busbw_gbps(int(r.size_bytes), t.us, nranks):.3f}"
+            rows.append([size_label(int(r.size_bytes), tokens_by_size.get(int(r.size_bytes))), r.config,
+                         "n/a" if t is None else f"{t.us:.2f}",
+                         "-" if t is None else f"{t.lo_us:.2f}-{t.hi_us:.2f}", str(0 if t is None else t.launches),
+                         f"{r.p10_us:.2f}-{r.p90_us:.2f}", bw, str(r.wrong)])
         out.append(f"<details><summary>{esc(mode)} ({len(rows)} rows)</summary>"
-                   + _table(["size", "config", "time (us)", "p10-p90 (us)", "launch medians (us)", "launches",
+                   + _table(["size", "config", "gmean (us)", "min-max (us)", "launches", "samples p10-p90 (us)",
                              "busbw (GB/s)", "#wrong"], rows) + "</details>")
     return "\n".join(out)
 
@@ -598,7 +610,13 @@ def _fit(name: str, width: int) -> str:
 
 
 def _vals(vs) -> str:
-    return "[" + ", ".join(f"{v:.4g}" for v in vs) + "]"
+    return "[" + ", ".join(plain(v) for v in vs) + "]"
+
+
+def plain(v: float) -> str:
+    """A time as a plain number with about four significant digits, never 2.631e+04."""
+    a = abs(v)
+    return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 10 else f"{v:.3f}"
 
 
 def _num3(v) -> str:
