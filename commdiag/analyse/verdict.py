@@ -132,8 +132,10 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
     if not twins:
         return notes
     names = ", ".join(twins)
+    loose = [c for c in twins if envs[c] != envs.get(stats.DEFAULT, {})]  # identical only because gloo ignores NCCL_*
     if v.status == SCREENING_ONLY or v.status == PENDING:
-        notes.append(f"A/A check ({names} identical to default): not decided yet ({v.status})")
+        same = "identical to default" + (" under gloo, which never loads NCCL" if loose else "")
+        notes.append(f"A/A check ({names} {same}): not decided yet ({v.status})")
         return notes
     false = [c for c in v.certifications if c.certified and c.claim.config in twins]
     if false:
@@ -141,7 +143,9 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
                      f"{false[0].claim.where} though identical: do not trust a sweep on this machine until it passes")
     else:
         tested = sorted({c.claim.config for c in v.certifications if c.claim.config in twins})
-        notes.append(f"A/A check: PASS: {names} (identical to default) "
+        same = (", identical to default under gloo (gloo never loads NCCL):" if loose
+                else " (identical to default)")
+        notes.append(f"A/A check: PASS: {names}{same} "
                      + ("tested in stage 2 and not certified" if tested else "not even a screening candidate"))
     return notes
 
