@@ -119,9 +119,11 @@ def _progress_line(p) -> str:
     bar = "#" * filled + "." * (width - filled)
     l = p.launch
     extra = f" ({l.get('error')})" if l["status"] != "ok" else ""
-    where = f"stage 2 round {l['round'] + 1}" if l.get("stage") == 2 else f"trial {l['trial']}"
+    stage2 = l.get("stage") == 2
+    where = f"stage 2 round {l['round'] + 1}" if stage2 else f"trial {l['trial']}"
+    # the ETA: this stage's launches left x the mean of its launches so far, on this machine
     return (f"[{bar}] {p.done}/{p.total}  {l['config']} {where}: {l['status']}{extra} "
-            f"in {l.get('wall_s', 0):.1f}s  ETA {_fmt_s(p.eta_s)}")
+            f"in {l.get('wall_s', 0):.1f}s  {'ETA' if stage2 else 'screening ETA'} {_fmt_s(p.eta_s)}")
 
 
 @main.command(short_help="Time all-reduce per NCCL config; certify the winner.")
