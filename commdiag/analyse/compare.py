@@ -184,10 +184,11 @@ def compare(a: results.RunData, b: results.RunData, *, alpha: float = stats.ALPH
 def run(run_a: str | Path, run_b: str | Path) -> CompareResult:
     """Compare two run folders; the same folder twice is a usage error (exit 2): a run against
     itself can only come out unchanged, which is never what was meant."""
+    a, b = results.load_run(run_a), results.load_run(run_b)
     if _same_folder(run_a, run_b):
         raise CommdiagError(f"{run_b}: the same run folder as A ({run_a}): a run compared with itself cannot "
                             "change; give two run folders, e.g. before and after a change")
-    return compare(results.load_run(run_a), results.load_run(run_b))
+    return compare(a, b)
 
 
 def _same_folder(a, b) -> bool:
@@ -253,7 +254,9 @@ def build_html(r: CompareResult) -> str:
                          "hovertemplate": report.plot_text(cfg) + "<br>%{x} B: B/A %{y:.3f}<br>%{text}<extra></extra>"})
         figs.append({"id": f"ratio-{mode}", "title": f"B / A per config ({mode})", "data": data,
                      "layout": report._layout(f"Time in B / time in A (Hodges-Lehmann), {mode} mode (1 = no change)",
-                                              report._axis("size per rank (bytes)"), report._axis("B / A", log=True))})
+                                              report._axis("size per rank (bytes)", as_bytes=True,
+                                                           values=[x for t in data for x in t["x"]]),
+                                              report._axis("B / A", values=[y for t in data for y in t["y"]]))})
     rows = [[c.config, c.mode, report.size_label(c.size_bytes, c.tokens), f"{c.a_us:.2f}", f"{c.b_us:.2f}",
              c.ratio_text(), f"{c.a_launches}/{c.b_launches}", c.label] for c in r.changes]
     body = [f"<h1>commdiag compare</h1><p>A: {esc(r.run_a)}<br>B: {esc(r.run_b)}</p>",
