@@ -34,6 +34,14 @@ def run_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProce
                           text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 
+def assert_fits(proc: subprocess.CompletedProcess, width: int = 100, stdout: bool = True) -> None:
+    """Every line the CLI printed fits ``width`` columns; a single word longer than that (a path)
+    may stand alone on its line.  ``stdout=False`` for --json output (JSON is never wrapped)."""
+    for name, text in (("stdout", proc.stdout if stdout else ""), ("stderr", proc.stderr)):
+        long = [l for l in text.splitlines() if len(l) > width and " " in l.strip()]
+        assert not long, f"{name}: {len(long)} line(s) over {width} columns: {long[:3]}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

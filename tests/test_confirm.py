@@ -13,7 +13,7 @@ from commdiag.formats import results
 from commdiag.measure import sweep
 from commdiag.errors import SpecError
 from commdiag.formats.spec import load_spec
-from conftest import REPO, run_cli, write_spec
+from conftest import REPO, assert_fits, run_cli, write_spec
 
 CPU_AA = REPO / "sweeps" / "cpu-aa.yaml"
 SMALL = ("--set", "iters=10", "--set", "warmup=2", "--set", "sizes={hidden: 1024, tokens: [1, 256]}")
@@ -25,6 +25,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     proc = run_cli("sweep", CPU_AA, "--out", out, *SMALL, "--no-confirm", "--json")
     assert proc.stderr.startswith(f"run folder {out}: 6 launches to run (6 screening: 2 configs x 3 trials)")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_fits(proc, stdout=False)  # the progress lines
     data = json.loads(proc.stdout)
     assert data["verdicts"]["status"] == verdict.SCREENING_ONLY and "--no-confirm" in data["verdicts"]["status_note"]
     assert data["profiles"] == [] and not list(out.glob("profile*.env"))
@@ -34,6 +35,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     # stage 2 later: the plan is printed first, then 6 rounds of default + aa (confirm.configs: [aa])
     proc = run_cli("confirm", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_fits(proc)  # the stage-2 plan, the progress lines, the table and the verdicts
     assert "stage 2 (confirmation, look 1): 6 fresh rounds x 2 configs = 12 launches" in proc.stderr
     assert proc.stderr.index("stage 2 (confirmation") < proc.stderr.index("stage 2 round 1")
     run = results.load_run_json(out)

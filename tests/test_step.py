@@ -13,7 +13,7 @@ from commdiag.errors import SpecError
 from commdiag.formats import results
 from commdiag.formats.spec import load_spec
 from commdiag.formats.stepspec import StepModel
-from conftest import REPO, run_cli, write_spec
+from conftest import REPO, assert_fits, run_cli, write_spec
 
 CPU_STEP = REPO / "sweeps" / "cpu-step.yaml"
 TINY = ("--set", "iters=8", "--set", "warmup=1", "--set", "model.layers=2", "--set", "sizes.tokens=[1, 64]",
@@ -105,6 +105,7 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     out = tmp_path / "step"
     proc = run_cli("step", CPU_STEP, "--out", out, *TINY, "--no-confirm", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_fits(proc, stdout=False)
     data = json.loads(proc.stdout)
     assert data["step"]["format"] == "commdiag-step-table" and data["step"]["version"] == 2
     rows = data["step"]["rows"]
@@ -122,6 +123,7 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     # stage 2 measures only the full step, and the verdicts work on it (gloo: nothing can differ)
     proc = run_cli("confirm", out, "--rounds", "3", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_fits(proc, stdout=False)  # the stage-2 plan and progress lines
     run = results.load_run_json(out)
     assert run["confirmation"]["measure"]["vias"] == ["step"]
     assert run["confirmation"]["measure"]["modes"] == ["eager"]
@@ -132,3 +134,4 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     assert all(not c.certified for c in data.certifications)  # 3 vs 3 launches: p >= 0.1, never certified
     proc = run_cli("report", out)
     assert proc.returncode == 0 and "comm share" in proc.stdout and "not certified" in proc.stdout
+    assert_fits(proc)  # the step table and the stage-2 verdicts, 100 columns
