@@ -42,6 +42,21 @@ def assert_fits(proc: subprocess.CompletedProcess, width: int = 100, stdout: boo
         assert not long, f"{name}: {len(long)} line(s) over {width} columns: {long[:3]}"
 
 
+def one_message(text: str) -> str:
+    """The one message a command printed (an error, usually), as a single line of words.  Lines longer
+    than 100 columns are wrapped (commdiag/linewrap.py) with their continuation lines indented under
+    the first: this checks that every line after the first is such a continuation, not a second
+    message, and returns the words joined by single spaces (compare with ``words(expected)``)."""
+    first, *rest = text.rstrip("\n").split("\n")
+    assert first and not first.startswith(" ") and all(l.startswith("    ") for l in rest), text
+    return words(text)
+
+
+def words(text: str) -> str:
+    """``text`` with every run of white space one space: how a wrapped message compares."""
+    return " ".join(str(text).split())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
