@@ -105,3 +105,19 @@ def test_json_output_is_never_wrapped(tmp_path):
     data = json.loads(out)
     assert any(len(l) > WIDTH for l in out.splitlines())  # long values stay whole: JSON is data
     assert data["format"] == "commdiag-verdicts"
+
+
+@pytest.mark.parametrize("recording", ["h200x1/detect.json", "h200x2-nvlink/nvml-readings.json",
+                                       "h200x2-nvlink/detect-live.json"])
+def test_detect_and_doctor_on_gpu_recordings_fit_100_columns(recording):
+    path = REPO / "tests" / "fixtures" / recording
+    for command in ("detect", "doctor"):
+        code, out, err = _invoke(command, "--nvml-replay", path)
+        assert code in (0, 1) and out, err
+        assert not _long(out) and not _long(err), _long(out) + _long(err)
+
+
+def test_tuner_rules_of_a_recorded_run_fit_100_columns(tmp_path):
+    code, out, err = _invoke("tuner", "rules", REPO / "benchmarks" / "h200x2-2026-11-30-s4" / "tuner-sizes")
+    assert code == 0 and "coll=allreduce" in out, err
+    assert not _long(out) and not _long(err), _long(out) + _long(err)
