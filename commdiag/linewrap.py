@@ -14,7 +14,7 @@ Two kinds of span are kept whole when they fit on a line of their own:
 
 A single word longer than the line (a long path) is never cut: it stands whole on a
 line of its own, which a terminal folds but a copy-paste keeps intact.  A line that is
-itself a shell command (``sudo ...``, ``export ...``, ``commdiag sweep ...``) is wrapped
+itself a shell command (``sudo ...``, ``export ...``, ``commdiag sweep ...``, no ": " in it) is wrapped
 with a trailing `` \\`` on each broken line, so that it still pastes as one command.
 
 Not wrapped, by the CLI's choice: JSON (``--json``) and the verbatim content of files
@@ -114,6 +114,10 @@ def _is_command(chunk: str) -> bool:
     return bool(_COMMAND.match(chunk))
 
 
+_SHELL_LINE = re.compile(r"(sudo|export|systemctl|commdiag [a-z][a-z-]*)( |$)")
+
+
 def _is_shell_line(body: str) -> bool:
-    """A whole line that is a command to copy: wrapped with shell line continuations."""
-    return _is_command(body) and "  " not in body
+    """A whole line that is a command to copy (``sudo ...``, ``commdiag sweep ...``): wrapped with shell
+    line continuations.  Not a status line that starts with a word like one ("python PATH: ...")."""
+    return bool(_SHELL_LINE.match(body)) and "  " not in body and ": " not in body

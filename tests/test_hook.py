@@ -21,6 +21,7 @@ import pytest
 
 from commdiag.install import hooktext
 
+from conftest import one_message, words
 from pythons import plain_python
 
 DEBIAN_PY = "/usr/bin/python3.11"
@@ -238,7 +239,7 @@ def test_spawn_child_and_status(root, tmp_path_factory):
     mod = site_packages(venv) / (hooktext.HOOK_MODULE + ".py")
     mod.write_text(mod.read_text() + "# edited\n")
     cp = cli("--status", "--python", str(py), "--root", str(root), check=1)
-    assert f"{mod}: changed since install" in cp.stdout
+    assert f"{mod}: changed since install" in words(cp.stdout)  # wrapped at 100 columns
 
 
 # --------------------------------------------------------------------------- a hook that breaks
@@ -418,8 +419,9 @@ def test_from_run_dir_without_winner_is_refused_with_the_reason(root, tmp_path):
     (run / "profile-prefill.env").write_text("# commdiag-profile 1\nNCCL_PROTO=Simple\n")
     cp = cli("--from", str(run), "--method", "none", "--nccl-conf", "--root", str(root), check=2)
     # a run without stage 2: screening alone never makes a profile, and the error says what would
-    assert "nothing to install" in cp.stderr and "no confirmation (stage 2)" in cp.stderr
-    assert f"commdiag confirm {run}" in cp.stderr
+    message = one_message(cp.stderr)  # one message, wrapped at 100 columns
+    assert "nothing to install" in message and "no confirmation (stage 2)" in message
+    assert f"commdiag confirm {run}" in message
     assert "profile-prefill.env" in cp.stderr and "--force" in cp.stderr
     assert list(root.iterdir()) == []
     run_json = json.loads((run / "run.json").read_text())

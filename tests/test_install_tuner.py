@@ -23,7 +23,7 @@ import pytest
 from commdiag.errors import CommdiagError
 from commdiag.install import hookstate, hooktuner
 from commdiag.tuner import build
-from conftest import REPO
+from conftest import REPO, one_message, words
 
 pytestmark = pytest.mark.skipif(
     shutil.which((shlex.split(os.environ.get("CC", "")) or ["cc"])[0]) is None,
@@ -208,7 +208,7 @@ def test_files_that_are_not_commdiags_are_refused_then_restored_byte_for_byte(ro
     assert "someone" not in cp.stdout  # a binary: never its bytes
     assert tree(root) == before
     cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", "--force", check=0)
-    assert "replacing a file that is not commdiag's (--force)" in cp.stdout
+    assert "replacing a file that is not commdiag's (--force)" in words(cp.stdout)
     assert (d / "commdiag-tuner-rules.txt").read_bytes() == RULES
     cli("--uninstall", "--root", root, "--nccl-conf", check=0)
     assert tree(root) == before
@@ -219,16 +219,15 @@ def test_bad_rules_are_one_error_naming_the_line_and_nothing_changes(root, tmp_p
     bad.write_bytes(RULES + b"coll=allreduce min_bytes=0 max_bytes=1 nranks=2 nnodes=1 algo=warp proto=ll\n")
     before = tree(root)
     cp = cli("--root", root, "--tuner", bad, "--nccl-conf", check=2)
-    assert cp.stderr.strip().count("\n") == 0 and "Traceback" not in cp.stderr
-    assert f"{bad}: line 4: " in cp.stderr and "warp" in cp.stderr
+    assert f"{bad}: line 4: " in one_message(cp.stderr) and "warp" in cp.stderr and "Traceback" not in cp.stderr
     assert tree(root) == before
     # not a regular file: refused as the plugin refuses it, without blocking on a FIFO
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     cp = cli("--root", root, "--tuner", fifo, "--nccl-conf", check=2)
-    assert f"{fifo}: not a regular file" in cp.stderr
+    assert f"{fifo}: not a regular file" in one_message(cp.stderr)
     cp = cli("--root", root, "--tuner", tmp_path / "missing.txt", "--nccl-conf", check=2)
-    assert "missing.txt: cannot open: No such file or directory" in cp.stderr
+    assert "missing.txt: cannot open: No such file or directory" in one_message(cp.stderr)
     assert tree(root) == before
 
 

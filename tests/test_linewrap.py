@@ -67,3 +67,11 @@ def test_deep_indentation_never_pushes_the_text_off_the_line():
 
 def test_trailing_spaces_alone_never_make_a_line_wrap():
     assert fit_line("x" * 90 + " " * 30) == ["x" * 90]
+
+
+def test_a_status_line_that_starts_like_a_command_is_prose():
+    line = ("python /tmp/pytest-of-root/pytest-141/test_status_for_an_interpreter0/root/b/bin/python: nothing "
+            "installed for this interpreter")
+    lines = fit_line(line)
+    assert len(lines) == 2 and not lines[0].endswith("\\")
+    assert not fit_line("commdiag check-env pid 12: " + "x " * 60)[0].endswith("\\")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, words
 from pythons import plain_python
 
 DEBIAN_PY = "/usr/bin/python3.11"
@@ -97,7 +97,7 @@ def test_status_for_an_interpreter_without_an_install_says_so(tmp_path):
     assert cli("--root", root, "--python", root / "a/bin/python", "--set", "NCCL_PROTO=LL").returncode == 0
     cp = cli("--status", "--root", root, "--python", root / "b/bin/python")
     assert cp.returncode == 1
-    assert cp.stdout.startswith(f"python {root / 'b/bin/python'}: nothing installed for this interpreter")
+    assert words(cp.stdout).startswith(f"python {root / 'b/bin/python'}: nothing installed for this interpreter")
     assert str(root / "a/bin/python") not in cp.stdout
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from commdiag.errors import CommdiagError
 from commdiag.tuner import build, rules
-from conftest import run_cli
+from conftest import one_message, run_cli
 
 TESTS = Path(__file__).resolve().parent
 WARN, INFO = 2, 3
@@ -208,7 +208,7 @@ def test_cli_build_prints_the_library_and_env_lines(tmp_path, lib_path):
     bad = tmp_path / "bad.rules"
     bad.write_text("# commdiag-tuner-rules 1\ncoll=allreduce algo=ring\n")
     p = run_cli("tuner", "build", "--out", out, "--rules", bad, timeout=120)
-    assert p.returncode == 2 and f"{bad}: line 2: missing key 'min_bytes'" in p.stderr
+    assert p.returncode == 2 and f"{bad}: line 2: missing key 'min_bytes'" in one_message(p.stderr)
 
 
 # ---------------------------------------------------------------- matching
