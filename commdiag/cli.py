@@ -473,7 +473,7 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write an HTML page.")
 @click.option("--from", "from_json", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Show a result saved with --json instead of measuring.")
-@click.option("--size-mib", type=click.IntRange(1, 4096), default=256, show_default=True, help="Bytes per copy.")
+@click.option("--size-mib", type=click.IntRange(1, 4096), default=256, show_default=True, help="MiB per copy.")
 @click.option("--repeats", type=click.IntRange(3, 100), default=7, show_default=True, help="Timed copies per value.")
 @click.option("--pair-timeout", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
               help="Seconds a pair (or a GPU's host copies) may take before it is reported hung.")
@@ -489,6 +489,12 @@ def p2p_cmd(as_json, html_out, from_json, size_mib, repeats, pair_timeout, min_f
 
         check_target(html_out)
     if from_json is not None:
+        ctx = click.get_current_context()
+        given = [n for n in ("size_mib", "repeats", "pair_timeout", "min_fraction")
+                 if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
+        if given:  # a saved result is shown as measured: these would be silently ignored
+            raise click.UsageError("--from shows a saved result; do not give --" + ", --".join(
+                n.replace("_", "-") for n in given) + " with it")
         res = run.load(from_json)
     else:
         settings = result.Settings(size_bytes=size_mib << 20, repeats=repeats, pair_timeout_s=pair_timeout,

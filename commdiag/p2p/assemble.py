@@ -1,7 +1,7 @@
 """Probe records and job outcomes -> ``P2PResult`` (pure: no CUDA, no NVML, no processes).
 
 The probe reports CUDA's view (device index, UUID, peer access) and NVML's (the recording
-layout of environment/topology.py, plus UUID, replay counter and NVLink version per NVML GPU).
+layout of environment/topology.py, plus UUID and PCIe replay counter per NVML GPU).
 The two are joined by UUID, then by PCI bus id: CUDA numbers GPUs by CUDA_VISIBLE_DEVICES
 and its own order, NVML by PCI order.
 """
@@ -91,7 +91,7 @@ def assemble(hello: dict, outcomes: dict, settings: Settings, environment: dict 
             lat_h2d=Stat.of(rec.get("lat_h2d")), lat_d2h=Stat.of(rec.get("lat_d2h")),
             local=Stat.of(rec.get("local")), link=link, ceiling=ceiling.gpu_ceiling(link),
             replays_before=_int(e.get("replays")), replays_after=_int(after),
-            nvlink_version=_int(e.get("nvlink_version"))))
+            capability=d.get("capability") if isinstance(d.get("capability"), str) else None))
 
     by_index = {g.index: g for g in gpus}
     peer = hello.get("peer") or []
@@ -114,7 +114,7 @@ def assemble(hello: dict, outcomes: dict, settings: Settings, environment: dict 
                 **{k: Stat.of(rec.get(k)) for k in ("p2p_ab", "p2p_ba", "p2p_bidir", "host_ab", "host_ba",
                                                      "host_bidir", "lat_p2p_ab", "lat_p2p_ba", "lat_host_ab",
                                                      "lat_host_ba")},
-                ceiling=ceiling.pair_ceiling(ga.link, gb.link, nvlinks, ga.nvlink_version or gb.nvlink_version)))
+                ceiling=ceiling.pair_ceiling(ga.link, gb.link, nvlinks, ga.capability or gb.capability)))
 
     notes = []
     if len(devices) == 1:

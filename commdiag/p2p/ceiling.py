@@ -5,7 +5,9 @@ over PCIe crosses both GPUs' links, so its ceiling is the slower of the two.  Re
 reach about 85-90% of it (TLP headers and flow control; PCIe Gen5 x16 is 63 GB/s raw and
 about 55 GB/s measured P2P one way on RTX 5090 / RTX PRO 6000 on EPYC).
 
-NVLink: links joining the pair times the per-link rate of the generation NVML reports.
+NVLink: links joining the pair times the per-link rate of the GPU's generation, told by its
+compute capability (NVML's own version number is ambiguous: older drivers return the major
+version, newer ones the nvmlNvlinkVersion_t enum, where NVLink 4.0 is 6).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from .result import Ceiling, Link
 # Gen6-7: PAM4 with 256-byte FLITs carrying 242 bytes of TLP and DLLP (64 and 128 GT/s).
 PCIE_LANE_GBPS = {1: 2.5 * 0.8 / 8, 2: 5.0 * 0.8 / 8, 3: 8.0 * 128 / 130 / 8, 4: 16.0 * 128 / 130 / 8,
                   5: 32.0 * 128 / 130 / 8, 6: 64.0 * 242 / 256 / 8, 7: 128.0 * 242 / 256 / 8}
-# GB/s per link and direction by NVLink version as NVML numbers it (nvmlDeviceGetNvLinkVersion):
-# P100 20; V100, A100 and H100/H200 25 (a link is 50 GB/s both ways); B200 50.
-NVLINK_LINK_GBPS = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+# GB/s per NVLink and direction by compute capability major: P100 (6) NVLink 1, 20; V100 (7),
+# A100 (8) and H100/H200 (9) NVLink 2-4, 25 (a link is 50 GB/s both ways); B200/GB200 (10) NVLink 5, 50.
+NVLINK_LINK_GBPS = {6: 20.0, 7: 25.0, 8: 25.0, 9: 25.0, 10: 50.0}
 
 
 def pcie_gbps(gen: int | None, width: int | None) -> float | None:
@@ -44,13 +46,16 @@ def gpu_ceiling(link: Link | None) -> Ceiling | None:
 
 
 def pair_ceiling(link_a: Link | None, link_b: Link | None, nvlinks: int = 0,
-                 nvlink_version: int | None = None) -> Ceiling | None:
+                 capability: str | None = None) -> Ceiling | None:
     """One direction of a pair: NVLink when NVML counts links between them, else the slower PCIe end."""
     if nvlinks > 0:
-        rate = NVLINK_LINK_GBPS.get(nvlink_version or 0)
+        try:
+            rate = NVLINK_LINK_GBPS.get(int(str(capability).split(".")[0]))
+        except ValueError:
+            rate = None
         if rate is None:
             return None
-        return Ceiling(round(rate * nvlinks, 2), f"NVLink v{nvlink_version} x{nvlinks}")
+        return Ceiling(round(rate * nvlinks, 2), f"NVLink x{nvlinks} at {rate:g} GB/s each (compute {capability})")
     ends = [_link_terms(link_a), _link_terms(link_b)]
     rates = [pcie_gbps(g, w) for g, w, _ in ends]
     if any(r is None for r in rates):

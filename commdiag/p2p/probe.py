@@ -59,7 +59,7 @@ def _nvml_call(fn, *args):
 
 
 def read_nvml_extras() -> list[dict]:
-    """Per NVML GPU what topology.read_nvml does not read: UUID, PCIe replay counter, NVLink version."""
+    """Per NVML GPU what topology.read_nvml does not read: UUID and the PCIe replay counter."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -67,17 +67,8 @@ def read_nvml_extras() -> list[dict]:
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            version = None
-            for link in range(18):
-                state = _nvml_call(pynvml.nvmlDeviceGetNvLinkState, h, link)
-                if isinstance(state, str):
-                    break
-                if state == 1:
-                    version = _nvml_call(pynvml.nvmlDeviceGetNvLinkVersion, h, link)
-                    break
             out.append({"index": i, "uuid": _nvml_call(pynvml.nvmlDeviceGetUUID, h),
-                        "replays": _nvml_call(pynvml.nvmlDeviceGetPcieReplayCounter, h),
-                        "nvlink_version": version})
+                        "replays": _nvml_call(pynvml.nvmlDeviceGetPcieReplayCounter, h)})
         return out
     finally:
         pynvml.nvmlShutdown()
@@ -143,7 +134,7 @@ class CudaBackend:
                 bus = f"{getattr(p, 'pci_domain_id', 0):08x}:{p.pci_bus_id:02x}:{getattr(p, 'pci_device_id', 0):02x}.0"
             out["devices"].append({"index": i, "name": p.name, "bus_id": bus,
                                    "uuid": (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}") if uuid else None,
-                                   "memory": p.total_memory})
+                                   "memory": p.total_memory, "capability": f"{p.major}.{p.minor}"})
         out["peer"] = [[None if i == j else bool(torch.cuda.can_device_access_peer(i, j)) for j in range(n)]
                        for i in range(n)]
         from ..environment import topology

@@ -129,7 +129,7 @@ class Gpu:
     ceiling: Ceiling | None = None  # of the PCIe link, one direction
     replays_before: int | None = None
     replays_after: int | None = None
-    nvlink_version: int | None = None
+    capability: str | None = None  # CUDA compute capability, "9.0": the NVLink generation
 
     @property
     def replay_delta(self) -> int | None:
