@@ -8,11 +8,12 @@ for 256 MiB, but a 16-byte latency would measure the barriers.  So the copies he
 what cuda-samples' p2pBandwidthLatencyTest issues (``cudaMemcpyPeerAsync`` on the source's
 stream: a peer write), and nothing else runs on those streams.
 
-Timing: CUDA events around each repeat, bandwidth = bytes / elapsed (GB/s = 10^9 B/s).
+Timing: CUDA events around each repeat, bandwidth = bytes / elapsed (GB/s = 10^9 B/s); a spin
+kernel holds the stream until the repeat's copies are all queued, so host-side queueing is never
+timed (a repeat whose queueing outlasted the spin is redone with a longer spin).
 Latency: a spin kernel (``torch.cuda._sleep``) holds the stream while ``copies`` small copies
 are queued behind it, then the elapsed time over them / copies, as p2pBandwidthLatencyTest
-does with its delay kernel; a repeat whose queueing outlasted the spin is redone with a longer
-spin (else the host's queueing speed would be measured).
+does with its delay kernel.
 
 Through host memory: D2H into pinned memory on the source's stream, then H2D from it on the
 destination's stream, in 4 MiB chunks (NCCL's default buffer size) so that both run at once,
@@ -29,7 +30,7 @@ SMALL = 16  # latency copy: one int4, as p2pBandwidthLatencyTest
 CHECK_BYTES = (32 << 20) + 13  # data check: 32 MiB and an odd tail (not a multiple of any vector width)
 SPIN_START = 1_000_000  # spin-kernel cycles for a latency repeat (about 0.5-1 ms); doubled when too short
 SPIN_MAX = 256_000_000
-LINK_POLL_S = 0.005  # NVML link readings while copies run: every 5 ms
+LINK_POLL_S = 0.002  # NVML link readings while copies run: every 2 ms (a 256 MiB PCIe copy takes 5)
 
 
 class Driver:
@@ -101,61 +102,57 @@ class Copies:
         """Poll NVML's link state until ``last_event`` completes: readings taken under load."""
         readings = []
         while True:
-            if self.read_links is not None:
+            if self.read_links is not None and gpus:
                 readings.append(self.read_links(gpus))
             if last_event.query():
                 return readings
             time.sleep(LINK_POLL_S)
 
     # ------------------------------------------------------------------ bandwidth
-    def one_way(self, dst: int, src: int, stream, nbytes: int | None = None, gpus=(),
-                bytes_counted: int | None = None) -> tuple[list[float], list]:
-        """GB/s per repeat of one copy of ``nbytes`` on ``stream`` (after one untimed copy)."""
-        nbytes = nbytes or self.size
-        counted = bytes_counted or nbytes
-        with self.torch.cuda.device(stream.device):
-            self.driver.copy(dst, src, nbytes, stream)
-            marks = []
-            for _ in range(self.repeats):
-                s, e = self._event(True), self._event(True)
-                s.record(stream)
-                self.driver.copy(dst, src, nbytes, stream)
-                e.record(stream)
-                marks.append((s, e))
-        links = self._wait_with_link_reads(marks[-1][1], gpus)
-        stream.synchronize()
-        return [counted / (s.elapsed_time(e) * 1e-3) / 1e9 for s, e in marks], links
+    def timed(self, legs, gpus=(), counted: int | None = None) -> tuple[list[float], list]:
+        """GB/s per repeat of ``legs`` running at once (after one untimed repeat).
 
-    def both_ways(self, legs, gpus=()) -> tuple[list[float], list]:
-        """GB/s (summed) per repeat of copies running at once, one per leg.
-
-        ``legs``: [(issue, stream)], ``issue(stream)`` enqueues one leg's copies of ``self.size``
-        bytes; the first leg's stream holds the timing events, the others start on its start event
-        and it waits for their end."""
-        (_, s0) = legs[0]
-        marks = []
-        for warm in (True, False):
-            for _ in range(1 if warm else self.repeats):
-                start, stop = self._event(True), self._event(True)
+        ``legs``: [(issue, stream)], ``issue(stream)`` enqueues one leg.  A spin kernel holds the
+        first leg's stream while everything is queued (as p2pBandwidthLatencyTest's delay kernel),
+        the others start on its start event and it waits for their ends, so the events span exactly
+        the copies.  ``counted``: bytes per repeat (default: ``self.size`` per leg).  Returns the
+        values and NVML link readings taken while the copies ran."""
+        t = self.torch
+        s0 = legs[0][1]
+        counted = counted or len(legs) * self.size
+        vals, links, warm = [], [], True
+        while len(vals) < self.repeats:
+            spin_start, start, stop = self._event(True), self._event(True), self._event(True)
+            with t.cuda.device(s0.device):
+                spin_start.record(s0)
+                with t.cuda.stream(s0):
+                    t.cuda._sleep(self.spin)
                 start.record(s0)
-                for _, s in legs[1:]:
-                    s.wait_event(start)
-                for issue, s in legs:
-                    issue(s)
-                for _, s in legs[1:]:
-                    done = self._event()
-                    done.record(s)
-                    s0.wait_event(done)
-                stop.record(s0)
-                if not warm:
-                    marks.append((start, stop))
-        links = self._wait_with_link_reads(marks[-1][1], gpus)
-        for _, s in legs:
-            s.synchronize()
-        return [len(legs) * self.size / (s.elapsed_time(e) * 1e-3) / 1e9 for s, e in marks], links
+            for _, s in legs[1:]:
+                s.wait_event(start)
+            t0 = time.perf_counter()
+            for issue, s in legs:
+                issue(s)
+            queued_ms = (time.perf_counter() - t0) * 1e3
+            for _, s in legs[1:]:
+                done = self._event()
+                done.record(s)
+                s0.wait_event(done)
+            stop.record(s0)
+            links += self._wait_with_link_reads(stop, gpus)
+            for _, s in legs:
+                s.synchronize()
+            if spin_start.elapsed_time(start) <= queued_ms and self.spin < SPIN_MAX:
+                self.spin *= 2  # the copies started before all were queued: redo with a longer spin
+                continue
+            if warm:
+                warm = False
+                continue
+            vals.append(counted / (start.elapsed_time(stop) * 1e-3) / 1e9)
+        return vals, links
 
     def leg(self, dst: int, src: int, nbytes: int | None = None):
-        """A leg of ``both_ways``: one copy on its stream."""
+        """One copy on the leg's stream."""
         n = nbytes or self.size
 
         def issue(stream):
@@ -230,9 +227,11 @@ class Copies:
         return issue
 
     # ------------------------------------------------------------------ data check
-    def check(self, src_dev: int, dst_dev: int, seed: int) -> dict:
+    def check(self, src_dev: int, dst_dev: int, seed: int, peer: bool = True) -> dict:
         """A known pattern copied src_dev -> dst_dev (the same copy as the timed ones), compared byte
-        for byte on the destination against the same pattern made there (DCGM's broken_p2p)."""
+        for byte on the destination against the same pattern made there (DCGM's broken_p2p).
+        Without peer access the copy is torch's (cudaMemcpyPeerAsync, which the driver stages
+        through host memory): the check then covers the path NCCL would not take P2P."""
         t = self.torch
         n = CHECK_BYTES
         src = _pattern(t, n, seed, src_dev)
@@ -240,9 +239,13 @@ class Copies:
         dst = t.bitwise_not(expected)  # a copy that never lands cannot pass
         stream = self.dev(src_dev)[2]
         t.cuda.synchronize(dst_dev)
-        with t.cuda.device(src_dev):
-            self.driver.copy(dst.data_ptr(), src.data_ptr(), n, stream)
-        stream.synchronize()
+        if peer:
+            with t.cuda.device(src_dev):
+                self.driver.copy(dst.data_ptr(), src.data_ptr(), n, stream)
+            stream.synchronize()
+        else:
+            dst.copy_(src)
+            t.cuda.synchronize(dst_dev)
         diff = dst != expected
         bad = int(diff.sum().item())
         first = int(diff.nonzero()[0, 0].item()) if bad else None

@@ -182,15 +182,15 @@ class CudaBackend:
         rec: dict = {"link_idle": idle, "link_load": {}}
         loads = []
         phase("host to GPU")
-        rec["h2d"], l1 = c.one_way(dst.data_ptr(), h0.data_ptr(), s0, gpus=[i])
+        rec["h2d"], l1 = c.timed([(c.leg(dst.data_ptr(), h0.data_ptr()), s0)], gpus=[i])
         phase("GPU to host")
-        rec["d2h"], l2 = c.one_way(h1.data_ptr(), src.data_ptr(), s0, gpus=[i])
+        rec["d2h"], l2 = c.timed([(c.leg(h1.data_ptr(), src.data_ptr()), s0)], gpus=[i])
         phase("host both ways")
-        rec["host_bidir"], l3 = c.both_ways([(c.leg(dst.data_ptr(), h0.data_ptr()), s0),
+        rec["host_bidir"], l3 = c.timed([(c.leg(dst.data_ptr(), h0.data_ptr()), s0),
                                              (c.leg(h1.data_ptr(), src.data_ptr()), s1)], gpus=[i])
         loads += l1 + l2 + l3
         phase("copy within the GPU")
-        rec["local"], _ = c.one_way(dst.data_ptr(), src.data_ptr(), s0, bytes_counted=2 * c.size)
+        rec["local"], _ = c.timed([(c.leg(dst.data_ptr(), src.data_ptr()), s0)], counted=2 * c.size)
         phase("latency host to GPU")
         rec["lat_h2d"], r1 = c.latency(c.small_copy(dst.data_ptr(), h0.data_ptr(), s0), s0)
         phase("latency GPU to host")
@@ -215,31 +215,31 @@ class CudaBackend:
         if pba:
             c.enable_peer(b, a)
         phase(f"data check {a}->{b}")
-        rec["check_ab"] = c.check(a, b, seed=2 * a + 1)
+        rec["check_ab"] = c.check(a, b, seed=2 * a + 1, peer=pab)
         phase(f"data check {b}->{a}")
-        rec["check_ba"] = c.check(b, a, seed=2 * b + 2)
+        rec["check_ba"] = c.check(b, a, seed=2 * b + 2, peer=pba)
         loads = []
         if pab:
             phase(f"P2P {a}->{b}")
-            rec["p2p_ab"], l1 = c.one_way(dst_b.data_ptr(), src_a.data_ptr(), sa0, gpus=[a, b])
+            rec["p2p_ab"], l1 = c.timed([(c.leg(dst_b.data_ptr(), src_a.data_ptr()), sa0)], gpus=[a, b])
             loads += l1
         if pba:
             phase(f"P2P {b}->{a}")
-            rec["p2p_ba"], l2 = c.one_way(dst_a.data_ptr(), src_b.data_ptr(), sb0, gpus=[a, b])
+            rec["p2p_ba"], l2 = c.timed([(c.leg(dst_a.data_ptr(), src_b.data_ptr()), sb0)], gpus=[a, b])
             loads += l2
         if pab and pba:
             phase("P2P both ways")
-            rec["p2p_bidir"], l3 = c.both_ways([(c.leg(dst_b.data_ptr(), src_a.data_ptr()), sa0),
+            rec["p2p_bidir"], l3 = c.timed([(c.leg(dst_b.data_ptr(), src_a.data_ptr()), sa0),
                                                 (c.leg(dst_a.data_ptr(), src_b.data_ptr()), sb0)], gpus=[a, b])
             loads += l3
         phase(f"through host {a}->{b}")
-        rec["host_ab"], l4 = c.both_ways([(c.staged_leg(dst_b.data_ptr(), h0.data_ptr(), src_a.data_ptr(), sb0),
+        rec["host_ab"], l4 = c.timed([(c.staged_leg(dst_b.data_ptr(), h0.data_ptr(), src_a.data_ptr(), sb0),
                                            sa0)], gpus=[a, b])
         phase(f"through host {b}->{a}")
-        rec["host_ba"], l5 = c.both_ways([(c.staged_leg(dst_a.data_ptr(), h1.data_ptr(), src_b.data_ptr(), sa1),
+        rec["host_ba"], l5 = c.timed([(c.staged_leg(dst_a.data_ptr(), h1.data_ptr(), src_b.data_ptr(), sa1),
                                            sb1)], gpus=[a, b])
         phase("through host both ways")
-        rec["host_bidir"], l6 = c.both_ways(
+        rec["host_bidir"], l6 = c.timed(
             [(c.staged_leg(dst_b.data_ptr(), h0.data_ptr(), src_a.data_ptr(), sb0), sa0),
              (c.staged_leg(dst_a.data_ptr(), h1.data_ptr(), src_b.data_ptr(), sa1), sb1)], gpus=[a, b])
         loads += l4 + l5 + l6
