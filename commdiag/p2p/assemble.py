@@ -129,8 +129,21 @@ def assemble(hello: dict, outcomes: dict, settings: Settings, environment: dict 
                      "values are missing")
     gpus_t, pairs_t = tuple(gpus), tuple(pairs)
     env = {"torch": hello.get("torch"), "cuda": hello.get("cuda"), "driver": hello.get("driver"),
-           **(environment or {})}
+           **_timing_notes(outcomes), **(environment or {})}
     return P2PResult(gpus_t, pairs_t, flags.evaluate(gpus_t, pairs_t, settings), tuple(notes), settings, env, wall_s)
+
+
+def _timing_notes(outcomes: dict) -> dict:
+    """How long the spin kernels had to be (cycles, the largest per kind) and how many latency repeats were
+    redone with a longer one: evidence that host-side queueing was never timed."""
+    spins: dict = {}
+    redone = 0
+    for o in outcomes.values():
+        rec = o.record or {}
+        for k, v in (rec.get("spin_cycles") or {}).items():
+            spins[k] = max(spins.get(k, 0), v)
+        redone += rec.get("latency_redone") or 0
+    return {"spin_cycles": spins, "latency_redone": redone} if spins else {}
 
 
 def _cell(m, i, j):

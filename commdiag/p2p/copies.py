@@ -29,7 +29,7 @@ CHUNK = 4 << 20  # through-host pipeline chunk: NCCL_BUFFSIZE's default
 SMALL = 16  # latency copy: one int4, as p2pBandwidthLatencyTest
 CHECK_BYTES = (32 << 20) + 13  # data check: 32 MiB and an odd tail (not a multiple of any vector width)
 SPIN_START = 1_000_000  # spin-kernel cycles for a latency repeat (about 0.5-1 ms); doubled when too short
-SPIN_MAX = 256_000_000
+SPIN_MAX = 64_000_000  # about 30 ms at 2 GHz: queueing that takes longer is not waited for
 LINK_POLL_S = 0.002  # NVML link readings while copies run: every 2 ms (a 256 MiB PCIe copy takes 5)
 
 
@@ -65,7 +65,7 @@ class Copies:
         self.latency_copies, self.latency_repeats = latency_copies, latency_repeats
         self.driver = Driver()
         self.read_links = read_links  # callable(list of CUDA indices) while copies run, or None
-        self.spin = SPIN_START
+        self.spins: dict[str, int] = {}  # spin-kernel cycles per kind of repeat, grown as needed
         self._dev: dict[int, tuple] = {}
         self._host = None
 
@@ -109,14 +109,15 @@ class Copies:
             time.sleep(LINK_POLL_S)
 
     # ------------------------------------------------------------------ bandwidth
-    def timed(self, legs, gpus=(), counted: int | None = None) -> tuple[list[float], list]:
+    def timed(self, legs, gpus=(), counted: int | None = None, kind: str = "copy") -> tuple[list[float], list]:
         """GB/s per repeat of ``legs`` running at once (after one untimed repeat).
 
         ``legs``: [(issue, stream)], ``issue(stream)`` enqueues one leg.  A spin kernel holds the
         first leg's stream while everything is queued (as p2pBandwidthLatencyTest's delay kernel),
         the others start on its start event and it waits for their ends, so the events span exactly
-        the copies.  ``counted``: bytes per repeat (default: ``self.size`` per leg).  Returns the
-        values and NVML link readings taken while the copies ran."""
+        the copies.  ``counted``: bytes per repeat (default: ``self.size`` per leg); ``kind`` keys the
+        spin length (a staged leg queues 64 chunks, a plain one a single copy).  Returns the values and
+        NVML link readings taken while the copies ran."""
         t = self.torch
         s0 = legs[0][1]
         counted = counted or len(legs) * self.size
@@ -126,7 +127,7 @@ class Copies:
             with t.cuda.device(s0.device):
                 spin_start.record(s0)
                 with t.cuda.stream(s0):
-                    t.cuda._sleep(self.spin)
+                    t.cuda._sleep(self.spins.setdefault(kind, SPIN_START))
                 start.record(s0)
             for _, s in legs[1:]:
                 s.wait_event(start)
@@ -142,9 +143,8 @@ class Copies:
             links += self._wait_with_link_reads(stop, gpus)
             for _, s in legs:
                 s.synchronize()
-            if spin_start.elapsed_time(start) <= queued_ms and self.spin < SPIN_MAX:
-                self.spin *= 2  # the copies started before all were queued: redo with a longer spin
-                continue
+            if self._too_short(kind, spin_start, start, queued_ms):
+                continue  # the copies started before all were queued: redone with a longer spin
             if warm:
                 warm = False
                 continue
@@ -180,7 +180,14 @@ class Copies:
         return issue
 
     # ------------------------------------------------------------------ latency
-    def latency(self, issue_one, stream) -> tuple[list[float], int]:
+    def _too_short(self, kind: str, spin_start, start, queued_ms: float) -> bool:
+        """Whether the spin ended before the host had queued everything; if so it is doubled."""
+        if spin_start.elapsed_time(start) > queued_ms or self.spins[kind] >= SPIN_MAX:
+            return False
+        self.spins[kind] *= 2
+        return True
+
+    def latency(self, issue_one, stream, kind: str = "latency") -> tuple[list[float], int]:
         """Microseconds per small copy: ``latency_copies`` calls of ``issue_one()`` queued behind a
         spin kernel on ``stream``; returns (per-repeat values, repeats redone with a longer spin)."""
         t = self.torch
@@ -192,7 +199,7 @@ class Copies:
                 spin_start, start, stop = self._event(True), self._event(True), self._event(True)
                 spin_start.record(stream)
                 with t.cuda.stream(stream):
-                    t.cuda._sleep(self.spin)
+                    t.cuda._sleep(self.spins.setdefault(kind, SPIN_START))
                 start.record(stream)
                 t0 = time.perf_counter()
                 for _ in range(self.latency_copies):
@@ -200,9 +207,8 @@ class Copies:
                 queued_ms = (time.perf_counter() - t0) * 1e3
                 stop.record(stream)
                 stop.synchronize()
-                if spin_start.elapsed_time(start) <= queued_ms and self.spin < SPIN_MAX:
-                    self.spin *= 2  # the queue drained before it was full: time the host, not the copies
-                    redone += 1
+                if self._too_short(kind, spin_start, start, queued_ms):
+                    redone += 1  # the queue drained before it was full: the host would be timed
                     continue
                 out.append(start.elapsed_time(stop) * 1e3 / self.latency_copies)
         return out, redone
@@ -238,6 +244,7 @@ class Copies:
         expected = _pattern(t, n, seed, dst_dev)
         dst = t.bitwise_not(expected)  # a copy that never lands cannot pass
         stream = self.dev(src_dev)[2]
+        t.cuda.synchronize(src_dev)  # the patterns are made on the default streams; ours does not wait for them
         t.cuda.synchronize(dst_dev)
         if peer:
             with t.cuda.device(src_dev):

@@ -196,6 +196,7 @@ class CudaBackend:
         phase("latency GPU to host")
         rec["lat_d2h"], r2 = c.latency(c.small_copy(h1.data_ptr(), src.data_ptr(), s0), s0)
         rec["latency_redone"] = r1 + r2
+        rec["spin_cycles"] = dict(c.spins)
         rec["link_load"] = self._links(loads)
         return rec
 
@@ -234,14 +235,15 @@ class CudaBackend:
             loads += l3
         phase(f"through host {a}->{b}")
         rec["host_ab"], l4 = c.timed([(c.staged_leg(dst_b.data_ptr(), h0.data_ptr(), src_a.data_ptr(), sb0),
-                                           sa0)], gpus=[a, b])
+                                           sa0)], gpus=[a, b], kind="staged")
         phase(f"through host {b}->{a}")
         rec["host_ba"], l5 = c.timed([(c.staged_leg(dst_a.data_ptr(), h1.data_ptr(), src_b.data_ptr(), sa1),
-                                           sb1)], gpus=[a, b])
+                                           sb1)], gpus=[a, b], kind="staged")
         phase("through host both ways")
         rec["host_bidir"], l6 = c.timed(
             [(c.staged_leg(dst_b.data_ptr(), h0.data_ptr(), src_a.data_ptr(), sb0), sa0),
-             (c.staged_leg(dst_a.data_ptr(), h1.data_ptr(), src_b.data_ptr(), sa1), sb1)], gpus=[a, b])
+             (c.staged_leg(dst_a.data_ptr(), h1.data_ptr(), src_b.data_ptr(), sa1), sb1)], gpus=[a, b],
+            kind="staged")
         loads += l4 + l5 + l6
         redone = 0
         if pab:
@@ -254,12 +256,13 @@ class CudaBackend:
             redone += r
         phase(f"latency through host {a}->{b}")
         rec["lat_host_ab"], r = c.latency(c.small_staged(dst_b.data_ptr(), h0.data_ptr(), src_a.data_ptr(), sa0, sb0),
-                                          sa0)
+                                          sa0, kind="latency-staged")
         redone += r
         phase(f"latency through host {b}->{a}")
         rec["lat_host_ba"], r = c.latency(c.small_staged(dst_a.data_ptr(), h1.data_ptr(), src_b.data_ptr(), sb1, sa1),
-                                          sb1)
+                                          sb1, kind="latency-staged")
         rec["latency_redone"] = redone + r
+        rec["spin_cycles"] = dict(c.spins)
         rec["link_load"] = self._links(loads)
         return rec
 
