@@ -468,7 +468,7 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
 
 
-@main.command("p2p", short_help="Every GPU pair: peer access, data check, bandwidth, latency, flags.")
+@main.command("p2p", short_help="Every GPU pair: data check, bandwidth, latency, flags.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (format commdiag-p2p).")
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write an HTML page.")
 @click.option("--from", "from_json", type=click.Path(dir_okay=False, exists=True, path_type=Path),

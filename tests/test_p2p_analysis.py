@@ -282,3 +282,29 @@ def test_html_page_has_heatmaps_plotly_once_and_escapes_names():
     figs = json.loads(html.split('<script id="figs" type="application/json">')[1].split("</script>")[0])
     assert [f["data"][0]["type"] for f in figs] == ["heatmap"] * 6
     assert figs[0]["data"][0]["text"][0][4] == "HUNG"
+
+
+def test_one_h200_from_the_recordings():
+    """The 1x H200 machine: topology from detect --json's NVML readings, UUID and replay counter from
+    the 2026-12-01 capture (both recorded there); the host-link job's record constructed."""
+    detect = json.loads((FIXTURES / "h200x1" / "detect.json").read_text())
+    cap = json.loads((FIXTURES / "h200x1" / "nvml-2026-12-01.json").read_text())["gpus"][0]
+    hello = {"count": 1, "torch": "2.11.0+cu130", "cuda": "13.0", "driver": cap.get("driver"),
+             # torch's uuid has no "GPU-" prefix; the probe adds it (probe.py, CudaBackend.hello)
+             "devices": [{"index": 0, "name": "NVIDIA H200", "uuid": cap["uuid"], "bus_id": None,
+                          "capability": "9.0"}],
+             "peer": [[None]], "nvml": detect["nvml_readings"],
+             "nvml_extras": [{"index": 0, "uuid": cap["uuid"], "replays": cap["pcie_replay_counter"]}]}
+    rec = {"h2d": [54.1, 54.3, 54.2], "d2h": [55.0, 55.2, 55.1], "local": [4300.0, 4310.0, 4290.0],
+           "lat_h2d": [2.0, 2.1, 2.05], "link_load": {"0": [[5, 16], [5, 16]]}, "link_idle": {"0": [5, 16]}}
+    outcomes = {"gpu0": JobOutcome("gpu0", OK, rec, wall_s=1.2),
+                "final": JobOutcome("final", OK, {"replays": {"0": cap["pcie_replay_counter"]}})}
+    res = assemble(hello, outcomes, Settings())
+    g = res.gpus[0]
+    assert g.nvml_index == 0 and g.bus_id == "00000000:00:06.0"
+    assert (g.link.gen, g.link.width, g.link.gen_max, g.link.width_max) == (5, 16, 5, 16)
+    assert g.ceiling.basis == "PCIe gen5 x16 (under load)" and g.replay_delta == 0
+    assert res.pairs == () and res.flags == () and res.ok
+    text = render.render(res)
+    assert "0   g5x16/g5x16" in text and "54.2±0%" in text and "+0" in text
+    assert "need 2 or more GPUs" in text and max(len(l) for l in text.splitlines()) <= 100

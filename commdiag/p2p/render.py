@@ -95,7 +95,7 @@ def render(res: P2PResult) -> str:
 
 
 def _gpu_table(gpus: tuple[Gpu, ...]) -> list[str]:
-    head = (f"{'GPU':<4}{'link load/max':<16}{'H2D GB/s':>11}{'D2H GB/s':>11}{'both GB/s':>11}"
+    head = (f"{'GPU':<4}{'link (load/max)':<16}{'H2D GB/s':>11}{'D2H GB/s':>11}{'both GB/s':>11}"
             f"{'H2D us':>11}{'D2H us':>11}{'local GB/s':>11}{'replays':>9}")
     lines = ["Host link per GPU (pinned host memory; link as NVML reads it while copies run)", head]
     for g in gpus:
@@ -113,8 +113,10 @@ def _gpu_table(gpus: tuple[Gpu, ...]) -> list[str]:
     ceil = sorted({(g.ceiling.gbps, g.ceiling.basis) for g in gpus if g.ceiling is not None})
     for gbps, basis in ceil:
         lines += _wrap(f"  ceiling {gbps:g} GB/s one way: {basis}", indent="    ")
-    lines += _wrap("local: a copy within the GPU, read + write counted (p2pBandwidthLatencyTest's diagonal); "
-                   "replays: growth of NVML's PCIe replay counter during the run.")
+    lines += _wrap("link: g5x16 is PCIe gen5 x16, the highest NVML reading while copies ran / the most this "
+                   "device and system allow; local: a copy within the GPU, read + write counted "
+                   "(p2pBandwidthLatencyTest's diagonal); replays: growth of NVML's PCIe replay counter "
+                   "during the run.")
     return lines
 
 
