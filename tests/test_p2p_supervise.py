@@ -139,3 +139,18 @@ def test_the_probe_says_why_torch_sees_no_gpu():
 
     hello = CudaBackend({}).hello()
     assert hello["count"] == 0 and ("without CUDA" in hello["reason"] or "no CUDA GPU" in hello["reason"])
+
+
+def test_the_probe_never_imports_a_commdiag_from_the_current_folder(tmp_path, monkeypatch):
+    """As root in a folder another user can write, a planted commdiag/ must not run in the probe."""
+    planted = tmp_path / "commdiag"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('planted code ran')\n")
+    monkeypatch.chdir(tmp_path)
+    env, tag = tagged_env("p2p-fake:2")
+    env["PYTHONPATH"] = ""  # nothing but the probe's own path fix points at the real commdiag
+    res = supervise.supervise({}, job_timeout_s=10.0, env=env)
+    assert not marker.exists()
+    assert {o.status for o in res.outcomes.values()} == {OK}
+    assert survivors(tag) == []

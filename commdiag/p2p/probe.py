@@ -1,4 +1,5 @@
-"""The probe process of ``commdiag p2p``: ``python -m commdiag.p2p.probe --fd N --plan JSON``.
+"""The probe process of ``commdiag p2p``: ``main(["--fd", N, "--plan", JSON])`` in a child that
+supervise.py starts (``python -c``, see PROBE_CODE there).
 
 It owns every CUDA and NVML call, so that whatever hangs, hangs here and not in commdiag
 (supervise.py kills it and starts another for the jobs left).  It reports on file
@@ -349,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
             record = backend.run(job, phase)
         except Exception as e:  # a CUDA error can leave the context unusable: report, end this probe
             traceback.print_exc()
-            emit(event="error", id=job, phase=where["phase"], error=f"{type(e).__name__}: {e}"[:2000])
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            at = f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})"
+            emit(event="error", id=job, phase=where["phase"], error=f"{type(e).__name__}: {e}"[:1500] + at)
             return 1
         emit(event="result", id=job, record=record, wall_s=round(time.monotonic() - t0, 3))
     return 0

@@ -56,8 +56,15 @@ class Supervised:
     killed: int = 0  # processes killed after their deadline or at the end
 
 
+# ``python -m`` would put the current folder first on sys.path: a ``commdiag/`` there (as root, in a
+# folder another user can write) would run instead.  So the probe starts with -c, makes this very
+# commdiag's parent folder sys.path[0] before any import, and runs in "/".
+PROBE_CODE = ("import sys; sys.path[0] = sys.argv[1]; from commdiag.p2p.probe import main; "
+              "sys.exit(main(sys.argv[2:]))")
+
+
 def probe_argv(fd: int, plan: dict) -> list[str]:
-    return [sys.executable, "-m", "commdiag.p2p.probe", "--fd", str(fd), "--plan", json.dumps(plan)]
+    return [sys.executable, "-c", PROBE_CODE, PACKAGE_PARENT, "--fd", str(fd), "--plan", json.dumps(plan)]
 
 
 class _Probe:
@@ -71,7 +78,7 @@ class _Probe:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
         try:
             self.proc = subprocess.Popen(probe_argv(w, plan), env=env, pass_fds=(w,), stdin=subprocess.DEVNULL,
-                                         stdout=self.stderr, stderr=self.stderr, start_new_session=True)
+                                         stdout=self.stderr, stderr=self.stderr, start_new_session=True, cwd="/")
         finally:
             os.close(w)
         self.fd = r
