@@ -154,3 +154,13 @@ def test_the_probe_never_imports_a_commdiag_from_the_current_folder(tmp_path, mo
     assert not marker.exists()
     assert {o.status for o in res.outcomes.values()} == {OK}
     assert survivors(tag) == []
+
+
+def test_an_error_in_a_job_is_reported_with_its_place_and_the_rest_runs_in_a_new_probe():
+    env, tag = tagged_env("p2p-fake:2,p2p-raise:0-1")
+    res = supervise.supervise({}, job_timeout_s=10.0, env=env)
+    out = res.outcomes["0-1"]
+    assert out.status == FAILED and out.phase is None
+    assert out.error.startswith("RuntimeError: commdiag test fault: an error in job 0-1 (at probe.py:")
+    assert res.outcomes["final"].status == OK and res.probes == 2
+    assert survivors(tag) == []

@@ -19,7 +19,8 @@ The jobs, in this order (``jobs_for``): ``gpu<i>`` per GPU (host copies, link un
 Test-only switch, honoured only when set: ``COMMDIAG_TEST_FAULT``, comma-separated:
 ``p2p-fake:N`` (N fake GPUs with constant numbers: no torch, no CUDA, no NVML),
 ``p2p-hang:JOB`` (sleep forever when JOB starts), ``p2p-crash:JOB`` (exit 3 when JOB starts),
-``p2p-hang-start`` (sleep forever before the hello).
+``p2p-raise:JOB`` (an exception in JOB: reported, then the probe ends), ``p2p-hang-start`` (sleep
+forever before the hello).
 """
 
 from __future__ import annotations
@@ -347,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(3)
         t0 = time.monotonic()
         try:
+            if faults.get("p2p-raise") == job:
+                raise RuntimeError(f"commdiag test fault: an error in job {job}")
             record = backend.run(job, phase)
         except Exception as e:  # a CUDA error can leave the context unusable: report, end this probe
             traceback.print_exc()
