@@ -485,9 +485,7 @@ def p2p_cmd(as_json, html_out, from_json, size_mib, repeats, pair_timeout, min_f
     from .p2p import render, run, result
 
     if html_out is not None:
-        from .atomic import check_target
-
-        check_target(html_out)
+        run.check_html(html_out)
     if from_json is not None:
         ctx = click.get_current_context()
         given = [n for n in ("size_mib", "repeats", "pair_timeout", "min_fraction")

@@ -58,6 +58,19 @@ def _no_gpu(reason: str) -> str:
                       "  Python whose torch has CUDA (python3 -c 'import torch; print(torch.cuda.device_count())')."])
 
 
+def check_html(path: str | Path) -> None:
+    """Before measuring: the --html target is writable and plotly is there (a minute of measuring
+    must not end in an import error)."""
+    from ..atomic import check_target
+
+    check_target(path)
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise CommdiagError(f"{path}: --html needs plotly (pip install plotly); or save --json here and "
+                            "render it where plotly is: commdiag p2p --from FILE --html PAGE") from None
+
+
 def write_html(res: P2PResult, path: str | Path) -> Path:
     from ..atomic import write_text
     from .page import build_html
