@@ -46,8 +46,8 @@ class _Group(click.Group):
     any other exception is one line naming what failed (exit 2), its traceback behind --debug.
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
-    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "report", "compare", "explain", "install-hook", "tuner", "check-env",
-             "detect")
+    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "report", "compare", "explain", "install-hook", "tuner",
+             "check-env", "detect")
 
     def list_commands(self, ctx):
         names = super().list_commands(ctx)
