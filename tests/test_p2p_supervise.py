@@ -164,3 +164,15 @@ def test_an_error_in_a_job_is_reported_with_its_place_and_the_rest_runs_in_a_new
     assert out.error.startswith("RuntimeError: commdiag test fault: an error in job 0-1 (at probe.py:")
     assert res.outcomes["final"].status == OK and res.probes == 2
     assert survivors(tag) == []
+
+
+def test_bad_inputs_are_one_error_before_any_measurement(tmp_path):
+    fifo = tmp_path / "page.html"
+    os.mkfifo(fifo)
+    r = run_cli("p2p", "--html", fifo, env={"COMMDIAG_TEST_FAULT": "p2p-fake:2"}, timeout=60)
+    assert r.returncode == 2 and "FIFO" in r.stderr and "p2p:" not in r.stderr  # refused before any job ran
+    run_json = tmp_path / "run.json"
+    run_json.write_text(json.dumps({"format": "commdiag-run", "version": 3}))
+    r = run_cli("p2p", "--from", run_json, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "format: 'commdiag-run' is not a commdiag p2p result" in r.stderr
