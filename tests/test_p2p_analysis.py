@@ -308,3 +308,14 @@ def test_one_h200_from_the_recordings():
     text = render.render(res)
     assert "0   g5x16/g5x16" in text and "54.2±0%" in text and "+0" in text
     assert "need 2 or more GPUs" in text and max(len(l) for l in text.splitlines()) <= 100
+
+
+def test_html_page_draws_every_heatmap_in_a_browser(tmp_path):
+    """Headless Chromium loads the page: six heatmaps drawn, no script error (skips without chromium,
+    as the report tests do; CI requires it)."""
+    from test_report import assert_drawn, render as browse
+
+    page = tmp_path / "p2p.html"
+    page.write_text(build_html(eight_gpus()))
+    dom, console, _ = browse(page, tmp_path)
+    assert_drawn(dom, console, 6)

@@ -45,10 +45,11 @@ def _heatmap(res: P2PResult, fid: str, title: str, value, unit: str, scale, zmin
     if zmin is not None:
         trace["zmin"], trace["zmax"] = zmin, zmax
     size = max(320, 90 + 60 * len(idx))
-    layout = {"title": {"text": report.plot_text(title)}, "height": size, "width": size + 160,
-              "xaxis": {"type": "category", "title": {"text": "to"}, "side": "top"},
-              "yaxis": {"type": "category", "title": {"text": "from"}, "autorange": "reversed"},
-              "margin": {"l": 70, "r": 20, "t": 90, "b": 30}}
+    # the page's heading above the plot names it: no plot title to collide with the top axis
+    layout = {"height": size, "width": size + 160,
+              "xaxis": {"type": "category", "side": "top"},
+              "yaxis": {"type": "category", "title": {"text": "from (row) to (column)"}, "autorange": "reversed"},
+              "margin": {"l": 90, "r": 20, "t": 40, "b": 20}}
     return {"id": fid, "title": title, "data": [trace], "layout": layout}
 
 
@@ -108,16 +109,16 @@ def build_html(res: P2PResult) -> str:
             "GB/s = 10<sup>9</sup> B/s.</p>"]
     for n in res.notes:
         body.append(f"<p class=\"warn\">{esc(n)}</p>")
-    body.append("<h2>Flags</h2>")
-    if res.flags:
-        body.append(report._table(["severity", "check", "subject", "evidence", "criterion", "what to do"],
-                                  [[f.severity, f.code, f.subject, f.evidence, f.criterion, f.action]
-                                   for f in res.flags]))
-    else:
-        body.append("<p>None: every check passed.</p>")
+    counts = ", ".join(f"{sum(1 for f in res.flags if f.severity == sev)} {sev}" for sev in ("fail", "warn", "info")
+                       if any(f.severity == sev for f in res.flags))
+    body.append(f"<p><b>Flags:</b> {esc(counts) if counts else 'none: every check passed'}"
+                + (" (details below the heatmaps)</p>" if counts and figs else "</p>"))
     if figs:
         body.append("<h2>GPU x GPU</h2>")
         body.append(report.plot_divs(figs))
+    if res.flags:
+        body.append("<h2>Flags</h2>")
+        body.append(_flag_table(res))
         body.append("<h2>Pairs</h2>")
         body.append(report._table(
             ["pair", "status", "path", "CUDA peer a→b / b→a", "NVML P2P", "data check", "ceiling (one way)",
@@ -142,6 +143,17 @@ def build_html(res: P2PResult) -> str:
     body.append(report._table(["key", "value"], [[k, v] for k, v in sorted(env.items())]
                               + [["wall time (s)", "" if res.wall_s is None else f"{res.wall_s:.1f}"]]))
     return report.page("commdiag p2p", "\n".join(body), figs)
+
+
+def _flag_table(res: P2PResult) -> str:
+    """One row per check (its criterion and what to do once), every subject's evidence in it."""
+    groups: dict[tuple, list] = {}
+    for f in res.flags:
+        groups.setdefault((f.severity, f.code, f.criterion, f.action), []).append(f)
+    esc = report.esc
+    rows = [[esc(sev), esc(code), "<br>".join(f"<b>{esc(f.subject)}</b>: {esc(f.evidence)}" for f in fs),
+             esc(criterion), esc(action)] for (sev, code, criterion, action), fs in groups.items()]
+    return report._table(["severity", "check", "evidence", "criterion", "what to do"], rows, raw_cells=True)
 
 
 def _checks(p: Pair) -> str:
