@@ -3,6 +3,7 @@ saved result, ``write_html()`` its page.  Nothing here prints; the CLI renders."
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import socket
@@ -33,8 +34,13 @@ def measure(settings: Settings | None = None, on_job=None, env: dict | None = No
     if not hello.get("count"):
         raise CommdiagError(_no_gpu(hello.get("reason") or "torch sees no CUDA device"))
     environment = {"host": socket.gethostname(), "started": started, "probes": sup.probes,
-                   "processes_killed": sup.killed}
-    return assemble(hello, sup.outcomes, settings, environment, round(time.monotonic() - t0, 2))
+                   "processes_killed": sup.killed, "processes_stuck": sup.stuck}
+    res = assemble(hello, sup.outcomes, settings, environment, round(time.monotonic() - t0, 2))
+    if sup.stuck:  # a hung copy can hold a process in the driver where no signal reaches it
+        note = (f"probe process(es) {', '.join(map(str, sup.stuck))} did not end after SIGKILL: stuck in the "
+                "driver on a hung copy; they end when the driver lets go (a GPU reset or a reboot may be needed)")
+        res = dataclasses.replace(res, notes=res.notes + (note,))
+    return res
 
 
 def _driver_loads() -> bool:

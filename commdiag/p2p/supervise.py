@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .. import PACKAGE_PARENT
 from ..errors import CommdiagError
-from ..measure.launcher import KILL_GRACE_S, MARKER, kill_marked, new_marker
+from ..measure.launcher import KILL_GRACE_S, MARKER, kill_marked, marked_pids, new_marker
 from .probe import jobs_for
 from .result import FAILED, HUNG, NOT_RUN, OK
 
@@ -54,6 +54,7 @@ class Supervised:
     outcomes: dict[str, JobOutcome] = field(default_factory=dict)
     probes: int = 0  # probe processes started
     killed: int = 0  # processes killed after their deadline or at the end
+    stuck: list[int] = field(default_factory=list)  # pids SIGKILL could not end (in the driver, D state)
 
 
 # ``python -m`` would put the current folder first on sys.path: a ``commdiag/`` there (as root, in a
@@ -157,6 +158,9 @@ def supervise(settings: dict, job_timeout_s: float, start_timeout_s: float = STA
                 return res
     finally:
         res.killed += kill_marked(marker)  # whatever left the group: also on Ctrl-C
+        if res.killed:
+            time.sleep(0.2)  # SIGKILL is asynchronous; a process still there after this is stuck
+            res.stuck = marked_pids(marker)
     return res
 
 
