@@ -218,7 +218,7 @@ class P2PResult:
         return next((g for g in self.gpus if g.index == i), None)
 
     def to_json(self) -> dict:
-        return {"format": P2P_FORMAT, "version": P2P_FORMAT_VERSION, **asdict(self)}
+        return {"format": P2P_FORMAT, "version": P2P_FORMAT_VERSION, "ok": self.ok, **asdict(self)}
 
 
 # --------------------------------------------------------------------------- loading a saved result
