@@ -46,8 +46,8 @@ class _Group(click.Group):
     any other exception is one line naming what failed (exit 2), its traceback behind --debug.
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
-    ORDER = ("doctor", "sweep", "confirm", "step", "report", "compare", "explain", "install-hook", "tuner", "check-env",
-             "detect")
+    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "report", "compare", "explain", "install-hook", "tuner",
+             "check-env", "detect")
 
     def list_commands(self, ctx):
         names = super().list_commands(ctx)
@@ -466,6 +466,45 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
                           nvml_readings=_load_readings(nvml_replay))
     _echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r))
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
+
+
+@main.command("p2p", short_help="Every GPU pair: data check, bandwidth, latency, flags.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (format commdiag-p2p).")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write an HTML page.")
+@click.option("--from", "from_json", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Show a result saved with --json instead of measuring.")
+@click.option("--size-mib", type=click.IntRange(1, 4096), default=256, show_default=True, help="MiB per copy.")
+@click.option("--repeats", type=click.IntRange(3, 100), default=7, show_default=True, help="Timed copies per value.")
+@click.option("--pair-timeout", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
+              help="Seconds a pair (or a GPU's host copies) may take before it is reported hung.")
+@click.option("--min-fraction", type=click.FloatRange(0, 1), default=0.6, show_default=True,
+              help="Flag a copy below this fraction of its link's ceiling.")
+def p2p_cmd(as_json, html_out, from_json, size_mib, repeats, pair_timeout, min_fraction):
+    """Measure every visible GPU pair (docs/p2p.md): peer access, data check, P2P and through-host
+    bandwidth and latency against the link's ceiling; each pair under its own deadline. Exit 1 on a flag."""
+    from .p2p import render, run, result
+
+    if html_out is not None:
+        run.check_html(html_out)
+    if from_json is not None:
+        ctx = click.get_current_context()
+        given = [n for n in ("size_mib", "repeats", "pair_timeout", "min_fraction")
+                 if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
+        if given:  # a saved result is shown as measured: these would be silently ignored
+            raise click.UsageError("--from shows a saved result; do not give --" + ", --".join(
+                n.replace("_", "-") for n in given) + " with it")
+        res = run.load(from_json)
+    else:
+        settings = result.Settings(size_bytes=size_mib << 20, repeats=repeats, pair_timeout_s=pair_timeout,
+                                   min_fraction=min_fraction)
+        res = run.measure(settings, on_job=None if as_json else (
+            lambda o: _echo(f"p2p: {o.id}: {o.status}" + (f" in {o.wall_s:.1f}s" if o.wall_s else ""), err=True)))
+    if html_out is not None:
+        run.write_html(res, html_out)
+    _echo(json.dumps(res.to_json(), indent=1) if as_json else render.render(res))
+    if html_out is not None and not as_json:
+        _echo(f"html: {html_out}")
+    sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
 
 
 @main.command("install-hook", short_help="Persist settings: Python hook, systemd, nccl.conf; exact undo.")
