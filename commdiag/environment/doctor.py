@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from . import detect as detect_mod, envcheck
+from . import detect as detect_mod, envcheck, pcieadvice
 from .topology import MIXED, NVLINK, PCIE_NO_P2P, PCIE_P2P
 
 SEVERITY = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
@@ -141,6 +141,9 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
         if got is not None and got != value:
             out.append(Finding("info", f"nccl.conf {name}", f"{path} sets {name}={value}, the environment wins",
                                f"this process has {name}={got}"))
+    # 5. ACS and IOMMU between the GPUs (pcie.py, pcieadvice.py)
+    if det.pcie is not None:
+        out += [Finding(**r) for r in pcieadvice.records(det.pcie)]
     v = det.versions
     out.append(Finding("info", "versions", ", ".join(f"{k} {v[k]}" for k in ("driver", "cuda_driver", "nccl", "torch",
                                                                             "python") if v.get(k))))
@@ -148,8 +151,8 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
 
 
 def doctor(pythons=(), *, expect: dict | None = None, profile=None, nvml_readings: dict | None = None,
-           with_torch: bool = True, conf_root: str | None = None) -> DoctorReport:
-    det = detect_mod.detect(pythons, nvml_readings=nvml_readings, with_torch=with_torch)
+           with_torch: bool = True, conf_root: str | None = None, sysfs_root: str | None = "/") -> DoctorReport:
+    det = detect_mod.detect(pythons, nvml_readings=nvml_readings, with_torch=with_torch, sysfs_root=sysfs_root)
     env = envcheck.check_env(expect, profile=profile, conf_root=conf_root)
     return DoctorReport(findings(det, env), det, env)
 
