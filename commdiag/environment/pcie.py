@@ -241,12 +241,12 @@ def _class_name(code: str | None) -> str:
 
 
 def _norm_bus(bus: str | None) -> str | None:
-    """NVML's ``00000000:03:00.0`` -> sysfs's ``0000:03:00.0``."""
+    """NVML's ``00000000:03:00.0`` -> sysfs's ``0000:03:00.0`` (the domain as the kernel prints it, %04x)."""
     if not isinstance(bus, str):
         return None
     parts = bus.lower().split(":")
-    if len(parts) == 3:
-        parts[0] = parts[0][-4:] if len(parts[0]) > 4 and set(parts[0][:-4]) <= {"0"} else parts[0]
+    if len(parts) == 3 and re.fullmatch(r"[0-9a-f]{1,8}", parts[0]):
+        parts[0] = f"{int(parts[0], 16):04x}"
     out = ":".join(parts)
     return out if BDF.match(out) else None
 
