@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -227,6 +229,9 @@ def test_group_peers_and_degraded_links(tmp_path):
         t.group_type(g, "identity")
     a = pcie.audit(str(tmp_path))
     assert a.gpus[0].group_peers == ["0000:00:01.0 PCI bridge", "0000:01:00.1 class 0x040300"]
+    # a capture without the group's devices/ (benchmarks' gpu_capture.py makes those): asked per device
+    shutil.rmtree(tmp_path / "sys/kernel/iommu_groups/1/devices")
+    assert pcie.audit(str(tmp_path)).gpus[0].group_peers == a.gpus[0].group_peers
     # 0000:01:00.0 runs x8 where both ends allow x16; an x16 slot holding an x8 card is no fault
     assert [(h.bdf, allowed) for _, h, allowed in pcieadvice.degraded_links(a)] == [
         ("0000:00:01.0", 16), ("0000:01:00.0", 16)]
@@ -276,6 +281,9 @@ def test_symlink_loops_huge_files_fifos_and_odd_names_are_skipped_never_hang(tmp
     groups = tmp_path / "sys/kernel/iommu_groups"
     for n in range(MAX_ENTRIES + 10):
         (groups / str(n)).mkdir()
+    gpu = tmp_path / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0"
+    (gpu / "current_link_speed").write_bytes(b"\x00\xff16.0 GT/s PCIe\n")
+    (gpu / "current_link_width").write_text("99999\n")
     (tmp_path / "proc/cmdline").write_bytes(b"iommu=pt\x1b[2J \xff\xfe intel_iommu=on" + b" x" * 100000)
     t = time.monotonic()
     a = pcie.audit(str(tmp_path))
@@ -286,10 +294,39 @@ def test_symlink_loops_huge_files_fifos_and_odd_names_are_skipped_never_hang(tmp
     assert any(f"more than {MAX_ENTRIES} entries" in p for p in a.problems)
     assert a.bridges()["0000:02:01.0"].acs_state == pcie.ACS_UNREADABLE
     assert a.bridges()["0000:01:00.0"].class_code is None  # 1 GiB of zeros is no class code
+    assert (a.gpus[0].hops[-1].link.gen, a.gpus[0].hops[-1].link.width) == (None, None)  # garbage: not read
     assert a.iommu.groups == MAX_ENTRIES and a.iommu.cmdline == ["iommu=pt\x1b[2J", "intel_iommu=on"]
     assert SysfsTree(str(tmp_path)).resolve("sys/bus/pci/devices/0000:0c:00.0") is None  # no etc/ in the root
     recs = pcieadvice.records(a)
     assert any(r["check"] == "pcie sysfs" for r in recs)
+
+
+_OPENS: list | None = None
+
+
+def _record_opens(event, args):
+    if event == "open" and _OPENS is not None:
+        _OPENS.append(args)
+
+
+sys.addaudithook(_record_opens)
+
+
+def test_the_audit_opens_every_file_read_only(tmp_path):
+    """detect and doctor run as root on serving machines: the audit must never open for writing."""
+    global _OPENS
+    switch_box(tmp_path, acs_ctl=ACS_KERNEL, iommu="DMA")
+    _OPENS = []
+    try:
+        a = pcie.audit(str(tmp_path))
+        pcieadvice.records(a), pcieadvice.render(a)
+        opens, _OPENS = _OPENS, None
+    finally:
+        _OPENS = None
+    files = [path for path, mode, flags in opens if str(path).startswith(str(tmp_path))]
+    assert len(files) > 20  # every attribute and config file went through here
+    write = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    assert [(p, m, f) for p, m, f in opens if (f or 0) & write or (m and any(c in str(m) for c in "wax+"))] == []
 
 
 def test_no_sysfs_at_all(tmp_path):
