@@ -329,6 +329,18 @@ def test_the_audit_opens_every_file_read_only(tmp_path):
     assert [(p, m, f) for p, m, f in opens if (f or 0) & write or (m and any(c in str(m) for c in "wax+"))] == []
 
 
+def test_a_tree_with_thousands_of_gpus_is_cut_not_squared(tmp_path):
+    t = Tree(tmp_path)
+    for n in range(300):
+        t.device(f"0000:{n // 32 + 1:02x}:{n % 32:02x}.0", None, vendor=NV, device=0x2BB5, class_code=GPU_CLASS,
+                 config=b"")
+    start = time.monotonic()
+    a = pcie.audit(str(tmp_path))
+    assert len(a.gpus) == pcie.MAX_GPUS and len(a.pairs) == pcie.MAX_GPUS * (pcie.MAX_GPUS - 1) // 2
+    assert a.problems == [f"300 NVIDIA GPUs in sysfs: only the first {pcie.MAX_GPUS} audited"]
+    assert time.monotonic() - start < 20
+
+
 def test_no_sysfs_at_all(tmp_path):
     a = pcie.audit(str(tmp_path))
     assert not a.available and "no sys/bus/pci/devices" in a.reason

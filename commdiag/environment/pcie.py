@@ -40,6 +40,7 @@ CLASS_NAMES = {"0x0300": "VGA controller", "0x0302": "3D controller", "0x0604": 
                "0x0108": "NVMe controller", "0x0680": "bridge", "0x0106": "SATA controller",
                "0x0c03": "USB controller", "0x0880": "system peripheral"}
 GT_PER_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+MAX_GPUS = 64  # NVML's limit per node is lower; more in a tree is garbage (and 64 GPUs are 2016 pairs)
 IOMMU_TYPES = ("DMA", "DMA-FQ", "identity", "unmanaged", "blocked")
 
 # IOMMU modes, as the audit names them
@@ -404,6 +405,9 @@ def audit(root: str = "/", *, nvml_bus_ids=(), tree: SysfsTree | None = None) ->
     classes = {d: _hex_attr(tree, f"sys/bus/pci/devices/{d}/class", 6) for d in devices}
     gpus = [d for d in devices if (classes[d] or "")[:6] in GPU_CLASSES
             and _hex_attr(tree, f"sys/bus/pci/devices/{d}/vendor", 4) == NVIDIA]
+    if len(gpus) > MAX_GPUS:
+        tree.problems.append(f"{len(gpus)} NVIDIA GPUs in sysfs: only the first {MAX_GPUS} audited")
+        gpus = gpus[:MAX_GPUS]
     index = {b: i for i, b in enumerate(_norm_bus(x) for x in nvml_bus_ids) if b}
     paths = [_gpu_path(tree, d, index.get(d), classes) for d in gpus]
     paths.sort(key=lambda g: (g.index is None, g.index if g.index is not None else 0, g.bdf))

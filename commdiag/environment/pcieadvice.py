@@ -74,6 +74,7 @@ def render(a: pcie.PcieAudit) -> list[str]:
                    f"{' '.join(io.cmdline) or 'no IOMMU option'}", "  ")
     if not a.gpus:
         lines.append("  no NVIDIA GPU in sysfs")
+    shown = set()  # a bridge shared by several GPUs' paths shows its ACSCtl line once
     for g in a.gpus:
         group = (f"IOMMU group {g.iommu_group} ({g.iommu_type or 'no type shown'})" if g.iommu_group
                  else "no IOMMU group")
@@ -89,7 +90,8 @@ def render(a: pcie.PcieAudit) -> list[str]:
         for h in g.hops:
             state = h.acs_state
             lines.append(f"    {h.bdf:<13} {h.kind[:22]:<22} {h.link.text():<24} {_ACS_SHORT.get(state, '')}".rstrip())
-            if state in (pcie.ACS_REDIRECT, pcie.ACS_ON):
+            if state in (pcie.ACS_REDIRECT, pcie.ACS_ON) and h.bdf not in shown:
+                shown.add(h.bdf)
                 lines.append(f"      {h.acs.lspci()}".replace("\t", " "))
     if a.pairs:
         lines.append("  GPU pairs: where their paths meet, the bridges between them, ACS")
