@@ -159,3 +159,27 @@ def root_ports_box(path: Path) -> Tree:
     for g in range(10, 16):
         t.group_type(g, "identity")
     return t
+
+
+def two_socket_box(path: Path) -> Tree:
+    """Eight GPUs, four behind one PCIe switch per CPU socket (host bridges pci0000:00 and
+    pci0000:40); ACS as Linux enables it on the root ports and on the first two downstream ports of
+    each switch, off on the other two; the GPU 0000:44:00.0 trained at x8 in an x16 slot; IOMMU on
+    (DMA groups)."""
+    t = Tree(path, "BOOT_IMAGE=/vmlinuz-6.8 root=/dev/nvme0n1p2 ro amd_iommu=on")
+    t.iommu_unit("ivhd0")
+    g = 0
+    for s, (rp, bus) in enumerate((("0000:00:01.1", 0x01), ("0000:40:01.1", 0x41))):
+        t.device(rp, None, vendor=AMD, device=0x14AB, class_code=BRIDGE, port_type=4, acs_ctl=ACS_KERNEL,
+                 buses=(0, bus, bus + 5), group=100 + s)
+        usp = f"0000:{bus:02x}:00.0"
+        t.device(usp, rp, vendor=BROADCOM, device=0xC010, class_code=BRIDGE, port_type=5, group=100 + s)
+        for k in range(4):
+            dsp, gpu = f"0000:{bus + 1:02x}:{k:02x}.0", f"0000:{bus + 2 + k:02x}:00.0"
+            t.device(dsp, usp, vendor=BROADCOM, device=0xC010, class_code=BRIDGE, port_type=6,
+                     acs_ctl=ACS_KERNEL if k < 2 else 0, group=200 + g)
+            t.device(gpu, dsp, vendor=NV, device=0x2BB5, class_code=GPU_CLASS,
+                     link=(1, 8 if gpu == "0000:44:00.0" else 16, 5, 16), group=300 + g)
+            t.group_type(300 + g, "DMA")
+            g += 1
+    return t

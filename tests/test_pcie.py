@@ -17,7 +17,8 @@ from commdiag.environment import doctor, pciconfig, pcie, pcieadvice, sysfscaptu
 from commdiag.environment.sysfs import MAX_ENTRIES, SysfsTree
 from commdiag.errors import CommdiagError
 from conftest import run_cli
-from sysfs_tree import ACS_KERNEL, BRIDGE, GPU_CLASS, NV, Tree, config_space, root_ports_box, switch_box
+from sysfs_tree import (ACS_KERNEL, BRIDGE, GPU_CLASS, NV, Tree, config_space, root_ports_box, switch_box,
+                        two_socket_box)
 
 FIX = Path(__file__).parent / "fixtures" / "pcie"
 H200_DETECT = Path(__file__).parent / "fixtures" / "h200x1" / "detect.json"
@@ -237,6 +238,30 @@ def test_group_peers_and_degraded_links(tmp_path):
         ("0000:00:01.0", 16), ("0000:01:00.0", 16)]
     warn = [r for r in pcieadvice.records(a) if r["check"] == "pcie link" and r["severity"] == "warning"]
     assert len(warn) == 2 and "runs x8 where both ends allow x16" in warn[0]["title"]
+
+
+def test_eight_gpus_on_two_sockets_a_matrix_within_100_columns(tmp_path):
+    two_socket_box(tmp_path)
+    a = pcie.audit(str(tmp_path), nvml_bus_ids=[f"00000000:{b:02x}:00.0" for b in (3, 4, 5, 6, 0x43, 0x44, 0x45,
+                                                                                    0x46)])
+    assert len(a.pairs) == 28
+    verdicts = {p.label: p.verdict for p in a.pairs}
+    # only GPU pairs behind the same switch whose downstream ports both have ACS off go direct
+    assert sorted(k for k, v in verdicts.items() if v == "not redirected") == ["GPU2-GPU3", "GPU6-GPU7"]
+    text = pcieadvice.render(a)
+    assert max(map(len, text)) <= 100
+    at = text.index("  GPU pairs, ACS between them: REDIR redirected, ok not redirected, root? needs root, - no bridge")
+    assert text[at + 1].split() == [f"GPU{i}" for i in range(8)]
+    assert text[at + 4].split() == ["GPU2", "REDIR", "REDIR", "X", "ok", "REDIR", "REDIR", "REDIR", "REDIR"]
+    joined = " ".join(l.strip() for l in text[at:])
+    assert "meet at 0000:01:00.0: GPU0-GPU1, GPU0-GPU2, GPU0-GPU3, GPU1-GPU2, GPU1-GPU3, GPU2-GPU3" in joined
+    assert "under different host bridges (CPU sockets or root complexes): GPU0-GPU4" in joined
+    (warn,) = [r for r in pcieadvice.records(a) if r["check"] == "acs"]
+    assert warn["title"] == "ACS redirects peer-to-peer traffic between 26 of 28 GPU pair(s) to the root complex"
+    assert warn["evidence"].startswith("ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- "
+                                       "DirectTrans- on 0000:00:01.1 (root port), 0000:02:00.0 (switch downstream")
+    (link,) = [r for r in pcieadvice.records(a) if r["check"] == "pcie link" and r["severity"] == "warning"]
+    assert link["title"] == "GPU5 0000:44:00.0: link runs x8 where both ends allow x16"
 
 
 # --------------------------------------------------------------------------- the real tree of the GPU machine

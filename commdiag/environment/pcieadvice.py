@@ -28,8 +28,10 @@ _ACS_SHORT = {pcie.ACS_REDIRECT: "ACS redirect on", pcie.ACS_ON: "ACS on, no red
 _PORTS_BELOW = ("root port", "switch downstream port")  # their link attributes describe the link below them
 
 
-def _wrap(label: str, text: str, indent: str) -> list[str]:
-    return textwrap.wrap(text, 100, initial_indent=indent + label, subsequent_indent=indent + " " * len(label),
+def _wrap(label: str, text: str, indent: str, hang: str | None = None) -> list[str]:
+    """``label text`` within 100 columns; continuation lines under the text (or at ``hang``)."""
+    return textwrap.wrap(text, 100, initial_indent=indent + label,
+                         subsequent_indent=hang if hang is not None else indent + " " * len(label),
                          break_on_hyphens=False, break_long_words=False)
 
 
@@ -56,12 +58,67 @@ def degraded_links(a: pcie.PcieAudit) -> list[tuple[str, pcie.Hop, int]]:
     return out
 
 
+def _hop_name(label: str, h: pcie.Hop) -> str:
+    """``GPU3 0000:44:00.0``, ``GPU 0000:44:00.0`` (no NVML index) or ``0000:42:01.0 (switch
+    downstream port) above GPU3``."""
+    if h.kind == "GPU":
+        return f"GPU {h.bdf}" if label == h.bdf else f"{label} {h.bdf}"
+    return f"{h.bdf} ({h.kind}) above {label}"
+
+
 def _slow_links(a: pcie.PcieAudit) -> list[tuple[str, pcie.Hop]]:
     return [(g.label, h) for g in a.gpus for h in g.hops
             if h.link.gen is not None and h.link.max_gen is not None and h.link.gen < h.link.max_gen]
 
 
 # --------------------------------------------------------------------------- detect's text
+
+_MEET = {"bridge": "meet at {}", "host bridge": "meet at host bridge {}",
+         "different host bridges": "under different host bridges (CPU sockets or root complexes)",
+         "unknown": "path unknown"}
+_CELL = {"redirected": "REDIR", "not redirected": "ok", "ACS unread": "root?", "no bridge between": "-",
+         "unknown path": "?"}
+_LIST_UP_TO = 6  # pairs listed one per line; more (5+ GPUs) become a matrix and the meeting points
+
+
+def _short(g: pcie.GpuPath) -> str:
+    return g.label if g.index is not None else g.bdf[5:]
+
+
+def _pairs(a: pcie.PcieAudit) -> list[str]:
+    """One line per pair, or for many GPUs a GPU x GPU matrix of the ACS verdict (within 100 columns)
+    and the pairs grouped by where they meet."""
+    if not a.pairs:
+        return []
+    names = {g.bdf: _short(g) for g in a.gpus}
+    width = max(len(n) for n in names.values()) + 2
+    if len(a.pairs) > _LIST_UP_TO and 4 + width * (len(a.gpus) + 1) <= 100:
+        lines = ["  GPU pairs, ACS between them: REDIR redirected, ok not redirected, root? needs root, "
+                 "- no bridge"]
+        by = {(p.a, p.b): p for p in a.pairs}
+        lines.append("    " + " " * width + "".join(f"{names[g.bdf]:>{width}}" for g in a.gpus))
+        for g in a.gpus:
+            cells = [" X" if g.bdf == h.bdf else _CELL[(by.get((g.bdf, h.bdf)) or by[(h.bdf, g.bdf)]).verdict]
+                     for h in a.gpus]
+            lines.append(f"    {names[g.bdf]:<{width}}" + "".join(f"{c:>{width}}" for c in cells))
+        meets: dict[str, list[str]] = {}
+        for p in a.pairs:
+            meets.setdefault(_MEET[p.meeting_kind].format(p.meeting), []).append(f"{names[p.a]}-{names[p.b]}")
+        for where, pairs in meets.items():
+            lines += _wrap("", f"{where}: {_few(pairs, 8)}", "    ", "      ")
+        redirecting = sorted({b for p in a.pairs for b in p.redirecting})
+        if redirecting:
+            lines += _wrap("", f"ACS redirect on at {_few(redirecting, 8)}", "    ", "      ")
+        return lines
+    lines = ["  GPU pairs: where their paths meet, the bridges between them, ACS"]
+    for p in a.pairs:
+        verdict = {"redirected": "ACS redirect on at " + ", ".join(p.redirecting),
+                   "ACS unread": "ACS not read (needs root)", "not redirected": "no ACS redirect",
+                   "no bridge between": "nothing to check", "unknown path": ""}[p.verdict]
+        n = len(p.between)
+        text = f"{_MEET[p.meeting_kind].format(p.meeting)}; {n} bridge{'s' if n != 1 else ''} between; {verdict}"
+        lines += _wrap(f"{p.label}: ", text.rstrip("; "), "    ")
+    return lines
 
 
 def render(a: pcie.PcieAudit) -> list[str]:
@@ -93,18 +150,7 @@ def render(a: pcie.PcieAudit) -> list[str]:
             if state in (pcie.ACS_REDIRECT, pcie.ACS_ON) and h.bdf not in shown:
                 shown.add(h.bdf)
                 lines.append(f"      {h.acs.lspci()}".replace("\t", " "))
-    if a.pairs:
-        lines.append("  GPU pairs: where their paths meet, the bridges between them, ACS")
-    for p in a.pairs:
-        meet = {"bridge": f"meet at {p.meeting}", "host bridge": f"meet at host bridge {p.meeting}",
-                "different host bridges": "under different host bridges (CPU sockets or root complexes)",
-                "unknown": "path unknown"}[p.meeting_kind]
-        verdict = {"redirected": "ACS redirect on at " + ", ".join(p.redirecting),
-                   "ACS unread": "ACS not read (needs root)", "not redirected": "no ACS redirect",
-                   "no bridge between": "nothing to check", "unknown path": ""}[p.verdict]
-        n = len(p.between)
-        lines += _wrap(f"{p.label}: ", f"{meet}; {n} bridge{'s' if n != 1 else ''} between; {verdict}".rstrip("; "),
-                       "    ")
+    lines += _pairs(a)
     unread = sorted({b for p in a.pairs for b in p.unreadable})
     if unread:
         lines += _wrap("", "ACS needs root: the kernel shows other users only the first 64 bytes of config "
@@ -113,8 +159,8 @@ def render(a: pcie.PcieAudit) -> list[str]:
     if any(p.redirecting for p in a.pairs):
         lines += _wrap("", MEANING, "  ") + _wrap("do: ", ACS_FIX, "  ")
     for label, h, allowed in degraded_links(a):
-        lines += _wrap("", f"{label}: link of {h.bdf} ({h.kind}) runs x{h.link.width}, both ends allow "
-                       f"x{allowed}: a degraded link (riser, slot, seating)", "  ")
+        lines += _wrap("", f"{_hop_name(label, h)}: link runs x{h.link.width}, both ends allow x{allowed}: a "
+                       "degraded link (riser, slot, seating)", "  ")
     lines += [f"  skipped: {p}" for p in a.problems]
     return lines
 
@@ -152,11 +198,13 @@ def records(a: pcie.PcieAudit) -> list[dict]:
     elif n == 1:
         out.append(_record("ok", "acs", "one GPU: no GPU pair, ACS does not matter"))
     if redirected:
-        culprits = sorted({b for p in redirected for b in p.redirecting})
+        by_line: dict[str, list[str]] = {}  # bridges with the same ACSCtl line, named together
+        for b in sorted({b for p in redirected for b in p.redirecting}):
+            by_line.setdefault(bridges[b].acs.lspci().replace("\t", " "), []).append(f"{b} ({bridges[b].kind})")
         out.append(_record(
             "warning", "acs", f"ACS redirects peer-to-peer traffic between {len(redirected)} of {len(a.pairs)} "
                               "GPU pair(s) to the root complex",
-            "; ".join(f"{b} ({bridges[b].kind}): {bridges[b].acs.lspci().replace(chr(9), ' ')}" for b in culprits)
+            "; ".join(f"{line} on {', '.join(names)}" for line, names in by_line.items())
             + f"; pairs: {_few([p.label for p in redirected])}. " + MEANING, ACS_FIX))
     if unread:
         out.append(_record(
@@ -173,14 +221,14 @@ def records(a: pcie.PcieAudit) -> list[dict]:
             out.append(_record("ok", "acs", "no bridge between the GPUs (on the root bus: a VM's host decides "
                                             "ACS, out of sight here)"))
     for label, h, allowed in degraded_links(a):
-        out.append(_record("warning", "pcie link", f"{label}: link at {h.bdf} runs x{h.link.width} where both "
+        out.append(_record("warning", "pcie link", f"{_hop_name(label, h)}: link runs x{h.link.width} where both "
                                                    f"ends allow x{allowed}",
                            f"{h.bdf} ({h.kind}): {h.link.text()}",
                            "reseat the card or check the riser/slot; every ring through this link is slowed"))
     slow = _slow_links(a)
     if slow:
         out.append(_record("info", "pcie link", f"{len(slow)} link(s) below their maximum speed now",
-                           "; ".join(f"{lbl} {h.bdf} {h.link.text()}" for lbl, h in slow[:6]),
+                           "; ".join(f"{_hop_name(lbl, h)} {h.link.text()}" for lbl, h in slow[:6]),
                            "normal for an idle GPU (links slow down to save power); read again while the "
                            "GPUs are busy"))
     if a.problems:
