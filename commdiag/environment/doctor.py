@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from . import detect as detect_mod, envcheck, pcieadvice
+from . import detect as detect_mod, envcheck
 from .topology import MIXED, NVLINK, PCIE_NO_P2P, PCIE_P2P
+from . import pcieadvice
 
 SEVERITY = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
 
@@ -135,15 +136,16 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
         if lvl and t.classification == PCIE_NO_P2P:
             out.append(Finding("info", "NCCL_P2P_LEVEL vs topology", f"NCCL_P2P_LEVEL={lvl[0]} has no effect here",
                                "no GPU pair supports P2P", "leave it unset"))
+    # ACS and IOMMU between the GPUs (pcie.py, pcieadvice.py)
+    if det.pcie is not None:
+        out += [Finding(**r) for r in pcieadvice.records(det.pcie)]
+
     # 4. config files: the environment wins over them, which surprises people
     for name, (value, path) in envcheck.conf_effective(env.conf_files).items():
         got = os.environ.get(name)
         if got is not None and got != value:
             out.append(Finding("info", f"nccl.conf {name}", f"{path} sets {name}={value}, the environment wins",
                                f"this process has {name}={got}"))
-    # 5. ACS and IOMMU between the GPUs (pcie.py, pcieadvice.py)
-    if det.pcie is not None:
-        out += [Finding(**r) for r in pcieadvice.records(det.pcie)]
     v = det.versions
     out.append(Finding("info", "versions", ", ".join(f"{k} {v[k]}" for k in ("driver", "cuda_driver", "nccl", "torch",
                                                                             "python") if v.get(k))))
