@@ -264,6 +264,21 @@ def test_eight_gpus_on_two_sockets_a_matrix_within_100_columns(tmp_path):
     assert link["title"] == "GPU5 0000:44:00.0: link runs x8 where both ends allow x16"
 
 
+def test_a_gpu_behind_intel_vmd_a_second_host_bridge_inside_a_device(tmp_path):
+    t = Tree(tmp_path)
+    t.device("0000:00:0e.0", None, vendor=0x8086, device=0x28C0, class_code=0x010400, size=64)
+    vmd = t.dirs["0000:00:0e.0"] / "pci10000:e0"
+    vmd.mkdir()
+    t.dirs["pci10000:e0"] = vmd
+    t.device("10000:e0:06.0", "pci10000:e0", vendor=0x8086, device=0x464D, class_code=BRIDGE, size=64)
+    t.device("10000:e1:00.0", "10000:e0:06.0", vendor=NV, device=0x2BB5, class_code=GPU_CLASS, size=64)
+    (g,) = pcie.audit(str(tmp_path)).gpus
+    assert g.host_bridge == "pci0000:00"
+    assert [(h.bdf, h.kind, h.kind_from) for h in g.hops] == [
+        ("0000:00:0e.0", "class 0x010400", "class"), ("10000:e0:06.0", "root port", "position"),
+        ("10000:e1:00.0", "GPU", "class")]
+
+
 # --------------------------------------------------------------------------- the real tree of the GPU machine
 
 

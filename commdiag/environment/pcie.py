@@ -137,7 +137,8 @@ class GpuPath:
 
     @property
     def bridges(self) -> list[Hop]:
-        return [h for h in self.hops[:-1]]
+        """The hops above the GPU: bridges (in a PCIe tree, every one of them), root port first."""
+        return self.hops[:-1]
 
     def to_json(self) -> dict:
         return {"bdf": self.bdf, "index": self.index, "host_bridge": self.host_bridge,
@@ -345,7 +346,8 @@ def _gpu_path(tree: SysfsTree, bdf: str, index: int | None, classes: dict[str, s
     host = hosts[0]
     chain = [(i, p) for i, p in enumerate(parts) if i > host and BDF.match(p)]
     hops = []
-    for depth, (i, name) in enumerate(chain):
+    depth = 0  # bridges above this hop since the last device that is not a bridge (e.g. Intel VMD)
+    for i, name in chain:
         dev = "/".join(parts[:i + 1])
         cls = _hex_attr(tree, f"{dev}/class", 6)
         is_gpu = name == bdf
@@ -353,6 +355,7 @@ def _gpu_path(tree: SysfsTree, bdf: str, index: int | None, classes: dict[str, s
         if (cls or "").startswith(BRIDGE_CLASS):
             config = tree.read_bytes(f"{dev}/config", pciconfig.EXTENDED)
         kind, source = _kind(config, cls, depth, is_gpu)
+        depth = depth + 1 if (cls or "").startswith(BRIDGE_CLASS) else 0
         acs = pciconfig.acs(config) if config and len(config) > pciconfig.CONVENTIONAL else None
         hops.append(Hop(name, kind, source, cls, _hex_attr(tree, f"{dev}/vendor", 4),
                         _hex_attr(tree, f"{dev}/device", 4), read_link(tree, dev),
@@ -361,7 +364,7 @@ def _gpu_path(tree: SysfsTree, bdf: str, index: int | None, classes: dict[str, s
     group = gtype = None
     peers: list[str] = []
     if group_dir is not None:
-        group = group_dir.rsplit("/", 1)[-1]
+        group = group_dir.rsplit("/", 1)[-1][:16]
         gtype = _group_type(tree, group_dir)
         members = tree.listdir(f"{group_dir}/devices")
         if members is None:  # a capture without the group's devices/: ask every device instead
