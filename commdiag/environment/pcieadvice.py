@@ -67,8 +67,13 @@ def _hop_name(label: str, h: pcie.Hop) -> str:
 
 
 def _slow_links(a: pcie.PcieAudit) -> list[tuple[str, pcie.Hop]]:
-    return [(g.label, h) for g in a.gpus for h in g.hops
-            if h.link.gen is not None and h.link.max_gen is not None and h.link.gen < h.link.max_gen]
+    """Links below their maximum speed now, each hop once (a root port is on several GPUs' paths)."""
+    out: dict[str, tuple[str, pcie.Hop]] = {}
+    for g in a.gpus:
+        for h in g.hops:
+            if h.link.gen is not None and h.link.max_gen is not None and h.link.gen < h.link.max_gen:
+                out.setdefault(h.bdf, (g.label, h))
+    return list(out.values())
 
 
 # --------------------------------------------------------------------------- detect's text
