@@ -435,17 +435,33 @@ def _load_readings(path):
     return data.get("nvml_readings", data) if isinstance(data, dict) else data
 
 
-@main.command(short_help="Python startup hooks, GPU topology (NVML), versions.")
+_SYSFS_ROOT_HELP = ("Read the PCIe/IOMMU state from this captured tree (it holds sys/ and proc/cmdline, as "
+                    "--capture-sysfs writes) instead of this machine's /sys.")
+
+
+@main.command(short_help="Python startup hooks, GPU topology (NVML), ACS/IOMMU, versions.")
 @click.option("--python", "pythons", multiple=True, metavar="PATH",
               help="Also probe this interpreter (e.g. the inference server's venv python); repeatable.")
 @click.option("--nvml-replay", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Analyse an NVML recording (nvml-readings.json or a `detect --json` output) instead of NVML.")
+@click.option("--sysfs-root", type=click.Path(file_okay=False, exists=True), default=None, metavar="DIR",
+              help=_SYSFS_ROOT_HELP)
+@click.option("--capture-sysfs", type=click.Path(), default=None, metavar="DIR",
+              help="Copy the sysfs files the PCIe/IOMMU audit reads into the new folder DIR, for a bug report "
+                   "(run as root to include ACS).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (it embeds the NVML readings).")
-def detect(pythons, nvml_replay, as_json):
-    """Python startup hooks per interpreter, GPU topology (NVML), versions."""
+def detect(pythons, nvml_replay, sysfs_root, capture_sysfs, as_json):
+    """Python startup hooks per interpreter, GPU topology (NVML), ACS/IOMMU (sysfs), versions."""
     from .environment import detect as detect_mod
 
-    d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay))
+    d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay), sysfs_root=sysfs_root or "/")
+    if capture_sysfs:
+        from .environment import sysfscapture
+
+        c = sysfscapture.capture(capture_sysfs, sysfs_root or "/", nvml_bus_ids=[g.bus_id for g in d.topology.gpus])
+        _echo("\n".join(detect_mod.wrapped("", f"captured {c.files} files, {c.links} links, {c.dirs} folders under "
+                                                f"{c.path}; read it back with `commdiag detect --sysfs-root "
+                                                f"{c.path}`", "")), err=as_json)
     _echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d))
     sys.exit(errors.EXIT_OK if d.ok else errors.EXIT_CHECK_FAILED)
 
@@ -457,13 +473,15 @@ def detect(pythons, nvml_replay, as_json):
               help="Expect the settings of a commdiag profile.")
 @click.option("--nvml-replay", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Use an NVML recording instead of NVML.")
+@click.option("--sysfs-root", type=click.Path(file_okay=False, exists=True), default=None, metavar="DIR",
+              help=_SYSFS_ROOT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor(pythons, expects, profile_path, nvml_replay, as_json):
+def doctor(pythons, expects, profile_path, nvml_replay, sysfs_root, as_json):
     """detect + check-env as one ranked health report; exit 1 if anything needs attention."""
     from .environment import doctor as doctor_mod, envcheck
 
     r = doctor_mod.doctor(pythons, expect=envcheck.parse_assignments(expects), profile=profile_path,
-                          nvml_readings=_load_readings(nvml_replay))
+                          nvml_readings=_load_readings(nvml_replay), sysfs_root=sysfs_root or "/")
     _echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r))
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from . import detect as detect_mod, envcheck
 from .topology import MIXED, NVLINK, PCIE_NO_P2P, PCIE_P2P
+from . import pcieadvice
 
 SEVERITY = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
 
@@ -135,6 +136,10 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
         if lvl and t.classification == PCIE_NO_P2P:
             out.append(Finding("info", "NCCL_P2P_LEVEL vs topology", f"NCCL_P2P_LEVEL={lvl[0]} has no effect here",
                                "no GPU pair supports P2P", "leave it unset"))
+    # ACS and IOMMU between the GPUs (pcie.py, pcieadvice.py)
+    if det.pcie is not None:
+        out += [Finding(**r) for r in pcieadvice.records(det.pcie)]
+
     # 4. config files: the environment wins over them, which surprises people
     for name, (value, path) in envcheck.conf_effective(env.conf_files).items():
         got = os.environ.get(name)
@@ -148,8 +153,8 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
 
 
 def doctor(pythons=(), *, expect: dict | None = None, profile=None, nvml_readings: dict | None = None,
-           with_torch: bool = True, conf_root: str | None = None) -> DoctorReport:
-    det = detect_mod.detect(pythons, nvml_readings=nvml_readings, with_torch=with_torch)
+           with_torch: bool = True, conf_root: str | None = None, sysfs_root: str | None = "/") -> DoctorReport:
+    det = detect_mod.detect(pythons, nvml_readings=nvml_readings, with_torch=with_torch, sysfs_root=sysfs_root)
     env = envcheck.check_env(expect, profile=profile, conf_root=conf_root)
     return DoctorReport(findings(det, env), det, env)
 
