@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from . import detect as detect_mod, envcheck
+from . import detect as detect_mod, envcheck, p2plevel
 from .topology import MIXED, NVLINK, PCIE_NO_P2P, PCIE_P2P
 
 SEVERITY = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
@@ -131,6 +131,8 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
         if p2pd and p2pd[0] == "1" and t.classification == NVLINK:
             out.append(Finding("warning", "NCCL_P2P_DISABLE vs topology", "NCCL_P2P_DISABLE=1 on an NVLink machine",
                                f"from {p2pd[1]}", "unset NCCL_P2P_DISABLE: it moves traffic off NVLink"))
+        # PCIe pairs under different host bridges: NCCL's default (>= 2.23.4) keeps them off P2P
+        out += [Finding(*a) for a in p2plevel.advice(t, [det.versions.get("nccl")], play)]
         lvl = play.get("NCCL_P2P_LEVEL")
         if lvl and t.classification == PCIE_NO_P2P:
             out.append(Finding("info", "NCCL_P2P_LEVEL vs topology", f"NCCL_P2P_LEVEL={lvl[0]} has no effect here",
