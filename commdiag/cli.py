@@ -399,12 +399,29 @@ def _var_line(v) -> str:
               help="With --nccl: ranks (one process per GPU) to start (default: every visible GPU).")
 @click.option("--conf-root", type=click.Path(file_okay=False), default=None, hidden=True,
               help="Read nccl.conf files under this staged root (tests).")
+@click.option("--libs", is_flag=True,
+              help="Which libnccl torch and SGLang's/vLLM's PyNccl load in this interpreter's environment "
+                   "(SGLANG_NCCL_SO_PATH, VLLM_NCCL_SO_PATH, else libnccl.so.2); exit 1 on a version mismatch. "
+                   "Starts this interpreter isolated (-I) and imports torch there: seconds. doctor --python PY "
+                   "does the same for PY.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, as_json):
+def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, libs, as_json):
     """Did the NCCL settings arrive in this process (os.environ and libc getenv)? Exit 1 if not."""
     from .environment import envcheck, propagation as propagation_mod
 
     expect = envcheck.parse_assignments(expects)
+    if libs:  # a check of its own: which libnccl this interpreter's processes load (environment/ncclib.py)
+        if nccl or propagation or expects or profile_path or extra_vars:
+            raise click.UsageError("--libs is a check of its own; run it without --nccl, --propagation, --expect, "
+                                   "--profile or --var")
+        from .environment import ncclib
+
+        lib_report = ncclib.probe()
+        if as_json:
+            _echo(_envelope("nccl-libraries", lib_report.to_json()))
+        else:
+            _echo("\n".join(ncclib.render(lib_report, indent="")))
+        sys.exit(errors.EXIT_CHECK_FAILED if lib_report.mismatches() or lib_report.error else errors.EXIT_OK)
     if nccl:
         r = envcheck.check_nccl(expect, profile=profile_path, nproc=nproc, conf_root=conf_root)
         if as_json:
