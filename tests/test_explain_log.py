@@ -113,3 +113,14 @@ def test_a_log_without_nccl_lines_says_what_to_set(tmp_path):
     log.write_text("INFO: server started\nINFO: ready\n")
     r = logreport.explain_logs([log])
     assert r.processes == [] and "NCCL_DEBUG=INFO" in r.notes[0]
+
+
+def test_real_one_rank_init_log_with_graph_lines():
+    r = logreport.explain_logs([FIX / "transports" / "h200x1-gpu-recording-1rank-init.log"])
+    (p,) = r.processes
+    assert (p["pid"], p["version"], p["comms"][0]["rank"], p["comms"][0]["nranks"]) == (453, "2.28.9+cuda13.0", 0, 1)
+    (comm,) = r.transports["comms"]
+    assert comm["rings"] == [{"order": [0], "channels": list(range(64)), "cut": False}]
+    assert comm["channels"]["coll"] == 64 and r.transports["pairs"] == []
+    assert any("no connection lines" in n for n in r.notes)
+    assert r.applied == {"NCCL_NVLS_ENABLE": {"0": [453]}}

@@ -175,3 +175,21 @@ def test_check_env_libs_cli_on_this_interpreter_with_torch(libs):
     cp = subprocess.run([sys.executable, "-m", "commdiag.cli", "check-env", "--libs", "--nccl"], capture_output=True,
                         text=True, env=env, timeout=60)
     assert cp.returncode == 2 and "check of its own" in cp.stderr
+
+
+def test_doctor_python_reports_each_interpreter_and_flags_the_mismatch(libs):
+    env = _env(LD_LIBRARY_PATH=str(libs["a"].parent), SGLANG_NCCL_SO_PATH=str(libs["b"]), PYTHONPATH=str(REPO))
+    env = {k: v for k, v in env.items() if not k.startswith("NCCL_")}
+    readings = REPO / "tests" / "fixtures" / "h200x2-nvlink" / "nvml-readings.json"
+    cp = subprocess.run([sys.executable, "-m", "commdiag.cli", "doctor", "--json", "--python", _python(),
+                         "--nvml-replay", str(readings)], capture_output=True, text=True, env=env, timeout=300)
+    assert cp.returncode == 1, cp.stderr
+    rep = json.loads(cp.stdout)
+    by_python = {l["python"]: l for l in rep["nccl_libraries"]}
+    assert len(by_python) == 2  # this interpreter and --python
+    for lib in by_python.values():
+        assert {l["label"]: l["version"] for l in lib["libs"]} == {"libnccl.so.2": "2.28.9",
+                                                                  "SGLANG_NCCL_SO_PATH": "2.27.3"}
+        assert len(lib["mismatches"]) == 1
+    flagged = [f for f in rep["findings"] if f["check"].startswith("NCCL libraries ")]
+    assert [f["severity"] for f in flagged] == ["warning", "warning"]
