@@ -123,8 +123,11 @@ def test_as_root_nothing_another_user_owns_is_run_or_loaded(libs, tmp_path):
     folder = tmp_path / "ldpath"
     folder.mkdir()
     _chown_away(folder)
-    load, skipped = ncclib.plan(_env(LD_LIBRARY_PATH=str(folder)), euid=0)
-    assert load == [] and "LD_LIBRARY_PATH" in skipped["libnccl.so.2"]
+    r = ncclib.probe(_python(), _env(LD_LIBRARY_PATH=f"{libs['a'].parent}:{folder}"), euid=0)
+    assert r.error.startswith("not run as root:") and "not root" in r.error  # it changes what python loads
+    for entry, why in [(f":{libs['a'].parent}", "relative"), (str(tmp_path / "missing"), "not an existing folder")]:
+        r = ncclib.probe(_python(), _env(LD_LIBRARY_PATH=entry), euid=0)  # an empty entry: the current folder
+        assert why in r.error
     link = tmp_path / "python"
     link.symlink_to(_python())
     _chown_away(link)

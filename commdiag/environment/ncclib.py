@@ -10,15 +10,16 @@ loads that file, so one process can hold two NCCLs.
 no user site) through pyprobe's runner (bounded time and output, its process group killed after),
 imports torch there as a server does, and reports per library the version (``ncclGetVersion``) and
 the file it was loaded from (the mapping that holds ``ncclGetVersion``, from /proc/self/maps).  As
-root, nothing another user can change is run or loaded: not the interpreter, not an LD_PRELOAD entry,
-not a ``*_NCCL_SO_PATH`` library, not a bare name searched through a LD_LIBRARY_PATH folder (each is
-skipped with the reason instead).
+root, nothing another user can change is run or loaded: the probe does not start when the interpreter,
+an LD_PRELOAD entry or an LD_LIBRARY_PATH folder is not root's alone, and a ``*_NCCL_SO_PATH`` file
+that is not is skipped, with the reason.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import sys
 from dataclasses import asdict, dataclass, field
@@ -223,8 +224,10 @@ def explain_mismatch(ref_name: str, ref: Lib, who: str, lib: Lib) -> str:
 def _unsafe_for_root(path: str) -> str | None:
     """Why root must not run or load ``path`` (None: every component is root's and no one else can
     replace it): each component owned by uid 0, none writable by group or others except sticky folders."""
+    if not path or not os.path.isabs(path):
+        return f"{path!r} is relative to the current folder"
     real = os.path.realpath(path)
-    for target in dict.fromkeys([os.path.abspath(path), real]):
+    for target in dict.fromkeys([os.path.normpath(path), real]):
         parts = target.split(os.sep)
         for i in range(1, len(parts) + 1):
             comp = os.sep.join(parts[:i]) or os.sep
@@ -241,29 +244,42 @@ def _unsafe_for_root(path: str) -> str | None:
     return None
 
 
+def _unsafe_search_dir(d: str) -> str | None:
+    """An LD_LIBRARY_PATH entry as root: it must exist and be root's (a missing one could be created by
+    anyone who can write its parent, sticky or not; an empty entry is the current folder)."""
+    if not d or not os.path.isabs(d):
+        return f"LD_LIBRARY_PATH entry {d!r} is relative to the current folder"
+    if not os.path.isdir(d):
+        return f"LD_LIBRARY_PATH entry {d!r} is not an existing folder"
+    return _unsafe_for_root(d)
+
+
+def root_refusal(exe: str, env: dict[str, str]) -> str | None:
+    """As root, why the probe must not start at all: the interpreter, an LD_PRELOAD entry or an
+    LD_LIBRARY_PATH folder (both change what the interpreter itself loads) is not root's alone."""
+    if os.sep not in exe:
+        exe = shutil.which(exe, path=env.get("PATH")) or exe
+    why = _unsafe_for_root(exe)
+    for entry in (env.get("LD_PRELOAD") or "").replace(":", " ").split():
+        why = why or (_unsafe_for_root(entry) if os.sep in entry else f"LD_PRELOAD entry {entry!r} is searched for")
+    if env.get("LD_LIBRARY_PATH"):  # glibc ignores an empty value; an empty entry in a list is "."
+        for d in env["LD_LIBRARY_PATH"].split(":"):
+            why = why or _unsafe_search_dir(d)
+    return why
+
+
 def plan(env: dict[str, str], euid: int | None = None) -> tuple[list[list[str]], dict[str, str]]:
-    """What the child loads after torch: [[label, name]], and what it must not (label -> why)."""
+    """What the child loads after torch: [[label, name]], and what it must not (label -> why).  As root a
+    ``*_NCCL_SO_PATH`` file another user can change is not loaded (a bare name is searched for only in
+    folders ``root_refusal`` checked, and the loader's own)."""
     euid = os.geteuid() if euid is None else euid
-    load, skipped = [], {}
-    search_dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
-    bare_block = None
-    if euid == 0:
-        for d in search_dirs:
-            if os.path.isdir(d) and (why := _unsafe_for_root(d)):
-                bare_block = f"as root, {BARE} is not searched for through LD_LIBRARY_PATH: {why}"
-                break
-    if bare_block:
-        skipped[BARE] = bare_block
-    else:
-        load.append([BARE, BARE])
+    load, skipped = [[BARE, BARE]], {}
     for _, var in SO_PATH_VARS:
         value = env.get(var)
         if not value:
             continue
-        if euid == 0 and "/" in value and (why := _unsafe_for_root(value)):
+        if euid == 0 and os.sep in value and (why := _unsafe_for_root(value)):
             skipped[var] = f"as root, {var}={value} is not loaded: {why}"
-        elif euid == 0 and "/" not in value and bare_block:
-            skipped[var] = bare_block
         else:
             load.append([var, value])
     return load, skipped
@@ -277,12 +293,8 @@ def probe(python: str | None = None, env: dict[str, str] | None = None, *, euid:
     exe = python or sys.executable
     env = dict(os.environ if env is None else env)
     euid = os.geteuid() if euid is None else euid
-    if euid == 0:
-        why = _unsafe_for_root(exe)
-        for entry in (env.get("LD_PRELOAD") or "").replace(":", " ").split():
-            why = why or _unsafe_for_root(entry)
-        if why:
-            return NcclLibs(exe, error=f"not run as root: {why}; run this check as the user that owns it")
+    if euid == 0 and (why := root_refusal(exe, env)):
+        return NcclLibs(exe, error=f"not run as root: {why}; run this check as the user that owns it")
     load, skipped = plan(env, euid)
     try:
         raw = pyprobe._run([exe, "-I", "-c", _SCRIPT, json.dumps({"load": load})], env)
