@@ -253,16 +253,38 @@ def confirm_cmd(run_dir, rounds, as_json):
     _finish_run(res, as_json)
 
 
-@main.command("explain", short_help="What NCCL chose per size: algorithm, protocol, channels.")
-@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@main.command("explain", short_help="What NCCL chose: algorithm, protocol, channels, transports.")
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--log", "logs", multiple=True, metavar="FILE",
+              help="Explain a saved NCCL log (NCCL_DEBUG=INFO) of any process instead of a run: one file per rank "
+                   "or one combined file (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--no-run", is_flag=True, help="Only show what an earlier explain stored; launch nothing.")
-def explain_cmd(run_dir, as_json, no_run):
-    """What NCCL chose (algorithm, protocol, channels) per config and size of an nccl run (GPU machine).
+def explain_cmd(run_dir, logs, as_json, no_run):
+    """What NCCL chose (algorithm, protocol, channels) per config and size of an nccl run (GPU machine), and
+    the transport it connected each GPU pair with (P2P, SHM, NET), per config and against default.
 
     One untimed launch per config with NCCL's TUNING log. NCCL >= 2.24 logs names and channel ranges;
     older versions log numeric ids (mapped to names, channels unknown) or nothing, which is said plainly.
-    A gloo run is refused: gloo never loads NCCL."""
+    A gloo run is refused: gloo never loads NCCL.
+
+    --log FILE...: explain a saved NCCL log of any process (e.g. your inference server's, with
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV): version, the NCCL_* values NCCL applied, the transport
+    per GPU pair, rings and trees, tuner plugin lines. Nothing is launched."""
+    if logs:
+        if run_dir is not None or no_run:
+            raise click.UsageError("--log FILE explains a saved log; do not give a RUN_DIR or --no-run with it")
+        from .nccl import logreport
+
+        rep = logreport.explain_logs(logs)
+        if as_json:
+            _echo(json.dumps({"format": logreport.LOG_FORMAT, "version": logreport.LOG_VERSION, **rep.to_json()},
+                             indent=1))
+        else:
+            _echo(logreport.render(rep))
+        return
+    if run_dir is None:
+        raise click.UsageError("give a RUN_DIR, or --log FILE for a saved NCCL log")
     from .measure import explain as explain_mod
     from .formats import results
 
@@ -371,23 +393,41 @@ def _var_line(v) -> str:
 @click.option("--no-torchrun", is_flag=True,
               help="With --propagation: skip the two torchrun paths (a torchrun worker and its spawn grandchild).")
 @click.option("--nccl", "nccl", is_flag=True,
-              help="GPU machine: bring NCCL up (NCCL_DEBUG=INFO, SUBSYS=ENV) and compare what it applied, per rank.")
+              help="GPU machine: bring NCCL up (NCCL_DEBUG=INFO, SUBSYS=ENV,INIT) and compare what it applied, per "
+                   "rank; show the transport NCCL connected each GPU pair with.")
 @click.option("--nproc", type=int, default=None,
               help="With --nccl: ranks (one process per GPU) to start (default: every visible GPU).")
 @click.option("--conf-root", type=click.Path(file_okay=False), default=None, hidden=True,
               help="Read nccl.conf files under this staged root (tests).")
+@click.option("--libs", is_flag=True,
+              help="Which libnccl torch and SGLang's/vLLM's PyNccl load in this interpreter's environment "
+                   "(SGLANG_NCCL_SO_PATH, VLLM_NCCL_SO_PATH, else libnccl.so.2); exit 1 on a version mismatch. "
+                   "Starts this interpreter isolated (-I) and imports torch there: seconds. doctor --python PY "
+                   "does the same for PY.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, as_json):
+def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, libs, as_json):
     """Did the NCCL settings arrive in this process (os.environ and libc getenv)? Exit 1 if not."""
     from .environment import envcheck, propagation as propagation_mod
 
     expect = envcheck.parse_assignments(expects)
+    if libs:  # a check of its own: which libnccl this interpreter's processes load (environment/ncclib.py)
+        if nccl or propagation or expects or profile_path or extra_vars:
+            raise click.UsageError("--libs is a check of its own; run it without --nccl, --propagation, --expect, "
+                                   "--profile or --var")
+        from .environment import ncclib
+
+        lib_report = ncclib.probe()
+        if as_json:
+            _echo(_envelope("nccl-libraries", lib_report.to_json()))
+        else:
+            _echo("\n".join(ncclib.render(lib_report, indent="")))
+        sys.exit(errors.EXIT_CHECK_FAILED if lib_report.mismatches() or lib_report.error else errors.EXIT_OK)
     if nccl:
         r = envcheck.check_nccl(expect, profile=profile_path, nproc=nproc, conf_root=conf_root)
         if as_json:
             _echo(_envelope("check-env-nccl", r.to_json()))
         else:
-            _echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV), {envcheck.describe_expectation(r.source)}:")
+            _echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV,INIT), {envcheck.describe_expectation(r.source)}:")
             if r.debug_note:
                 _echo(f"  note: {r.debug_note}")
             for rank in r.ranks:
@@ -397,6 +437,11 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
                     _echo(f"  {c.status.upper():11} {c.name:24} expected={c.expected!s:12} applied={c.getenv!s}")
             if not r.ranks:
                 _echo(f"  NCCL printed no ENV lines (exit {r.exit_code}):\n{r.log_tail}")
+            if r.transports is not None and r.ranks:  # what NCCL connected each GPU pair with (INIT lines)
+                from .nccl import transports
+
+                _echo(" transport per GPU pair (row: sending GPU, column: receiving GPU):")
+                _echo("\n".join(transports.render_matrix(r.transports)))
             if r.tuner is not None:  # NCCL_TUNER_PLUGIN was set: did it load, which rule fired (docs/tuner.md)
                 _echo("\n".join(envcheck.render_tuner(r.tuner)))
             for c in r.conf_files:

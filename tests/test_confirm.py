@@ -102,9 +102,9 @@ def test_confirm_key_resolves_and_survives_run_json(tmp_path):
 def test_certify_sizes_prints_its_cost_and_raises_trials(tmp_path):
     spec = load_spec(REPO / "sweeps" / "pcie8.yaml")
     raised, plan = sweep._certify_sizes_plan(spec)
-    m, k = certify.size_claims_needed(25, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
-    assert m == 375 and 9 <= k <= 11 and raised.trials == k
-    assert plan.launches == 26 * k and f"{k} launches per config" in plan.lines[0]
+    m, k = certify.size_claims_needed(26, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
+    assert m == 390 and 9 <= k <= 11 and raised.trials == k  # 26 configs besides default, 15 sizes
+    assert plan.launches == 27 * k and f"{k} launches per config" in plan.lines[0]
     assert "min" in plan.lines[0]
 
 
