@@ -32,7 +32,8 @@ OWN, OTHER = 1111, 4242
 def constructed() -> dict:
     """Snapshots built from the real capture's GPU 0 (fields as recorded, values changed), plus a
     second GPU on another bus: idle; under load (the launch's own process); hot (thermal slowdown,
-    lower SM clock); beside another process; with the link downtrained; after (3 more replays)."""
+    lower SM clock); beside another process; with the link downtrained; after, quiet; after a rough
+    launch (3 more PCIe replays, 250 ms of thermal violation time)."""
     g0 = copy.deepcopy(CAPTURE["gpus"][0])
     g0.update(energy_mj=1_000_000, violation_ns={"power": 0, "thermal": 0}, pcie_recovery_counter=0)
     g1 = dict(copy.deepcopy(g0), index=1, pci_bus_id="00000000:00:07.0")
@@ -52,7 +53,8 @@ def constructed() -> dict:
         snap("other", **dict(busy, processes=busy["processes"] + [{"pid": OTHER, "used_memory": 1 << 20,
                                                                     "name": "/opt/venv/bin/python"}])),
         snap("gen4", **dict(busy, pcie_gen=4)),
-        snap("after", clocks_event_reasons=1, pcie_replay_counter=4, energy_mj=1_300_000,
+        snap("after", clocks_event_reasons=1, energy_mj=1_300_000),
+        snap("after-hot", clocks_event_reasons=1, pcie_replay_counter=4, energy_mj=1_300_000,
              violation_ns={"power": 0, "thermal": 250_000_000}),
     ]}
 
@@ -75,10 +77,10 @@ def readings(replay: nvmlreplay.ReplayNvml, sampler: ms.Sampler, during: list[st
     return b, d, a, log.entries()
 
 
-def record(rec: dict, during: list[str], is_own=lambda pid: pid == OWN) -> dict:
+def record(rec: dict, during: list[str], after: str = "after", is_own=lambda pid: pid == OWN) -> dict:
     replay = nvmlreplay.ReplayNvml(rec)
     sampler = ms.open_sampler("gloo", nvml=replay)
-    b, d, a, others = readings(replay, sampler, during, is_own)
+    b, d, a, others = readings(replay, sampler, during, is_own, after=after)
     return ms.launch_record(sampler.gpus, b, d, a, others, period_s=1.0, cost_s=0.001, cpu_s=0.002)
 
 
@@ -159,7 +161,7 @@ def test_a_recorded_error_is_raised_by_its_type_skipped_in_readings_and_kept_in_
 
 
 def test_a_launch_record_keeps_load_ranges_counter_deltas_and_other_processes():
-    m = record(constructed(), ["idle", "load", "hot", "other", "gen4"])
+    m = record(constructed(), ["idle", "load", "hot", "other", "gen4"], after="after-hot")
     assert m["available"] and m["samples"] == 5 and len(m["gpus"]) == 2
     g = m["gpus"][0]
     assert g["before"]["reasons"] == ["GPU_IDLE"] and g["before"]["sm_clock"] == 345

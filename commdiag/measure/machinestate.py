@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Callable
 
+from ..errors import terminal_safe
+
 # Readings while a launch runs: one a second.  Stage-2 launches measure for a few seconds
 # only, so a sparser period could miss their loaded part; a quick reading costs about a
 # millisecond per GPU in the parent (benchmarks/machine_state_cost.py measures it).
@@ -255,10 +257,12 @@ class Sampler:
         return out
 
     def process_name(self, pid: int) -> str:
-        """What NVML calls process ``pid`` (its executable's name), cached for the run."""
+        """What NVML calls process ``pid`` (its executable's name; control characters written out,
+        since any process can name itself anything), cached for the run."""
         if pid not in self._names:
             try:
-                self._names[pid] = os.path.basename(_text(self.nvml.nvmlSystemGetProcessName(pid)))[:64] or "?"
+                name = os.path.basename(_text(self.nvml.nvmlSystemGetProcessName(pid)))[:64]
+                self._names[pid] = terminal_safe(name) or "?"
             except Exception:
                 self._names[pid] = "?"
         return self._names[pid]
