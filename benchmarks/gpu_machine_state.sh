@@ -70,7 +70,7 @@ load = subprocess.Popen([sys.executable, "-c",
                          "while time.time() < end:\n"
                          "    y = x @ x; torch.cuda.synchronize()\n"])
 deadline = time.monotonic() + 60
-while time.monotonic() < deadline:  # until NVML lists the child on GPU 0 and the GPU is busy
+while time.monotonic() < deadline and load.poll() is None:  # until NVML lists the busy child on GPU 0
     g = s.read(machinestate.QUICK)[0]
     if any(p["pid"] == load.pid for p in g.get("processes", [])) and machinestate.loaded(g):
         break
@@ -91,13 +91,15 @@ rec = {"format": "commdiag-nvml-recording", "version": 1,
 s.close()
 with open(sys.argv[1], "w") as f:
     json.dump(rec, f, indent=1)
-print(f"wrote {sys.argv[1]}: {len(snaps)} snapshots of {len(s.gpus)} GPU(s); load pid {load.pid} "
-      f"(exit {load.returncode}); one reading of all GPUs, median of 20 (ms): {json.dumps(cost)}")
+print(f"wrote {sys.argv[1]}: {len(snaps)} snapshots of {len(s.gpus)} GPU(s)")
+print(f"load pid {load.pid} (exit {load.returncode}); one reading of all GPUs, median of 20 (ms):")
+print(f"  {json.dumps(cost)}")
 for sn in snaps:
     g = sn["gpus"][0]
-    print(f"  {sn['label']:<7} t={sn['t_s']:6.2f}s SM {g.get('sm_clock')} MHz, mem {g.get('mem_clock')} MHz, "
-          f"events {g.get('clocks_event_reasons')}, {g.get('temperature')} C, {g.get('power_mw')} mW, "
-          f"Gen{g.get('pcie_gen')} x{g.get('pcie_width')}, util {g.get('utilization')}, "
-          f"procs {[p.get('pid') for p in g.get('processes', []) if isinstance(p, dict)]}")
+    util = g.get("utilization")
+    print(f"  {sn['label']:<7} t={sn['t_s']:6.2f}s SM {g.get('sm_clock')} mem {g.get('mem_clock')} MHz "
+          f"events {g.get('clocks_event_reasons')} {g.get('temperature')} C {g.get('power_mw')} mW "
+          f"Gen{g.get('pcie_gen')} x{g.get('pcie_width')} util {util.get('gpu') if isinstance(util, dict) else util}"
+          f" pids {[p.get('pid') for p in g.get('processes', []) if isinstance(p, dict)]}"[:100])
 PY
 echo "rc=$?"
