@@ -225,9 +225,9 @@ def claim_check(run: dict, config: str, mode: str, where: str, stage: int) -> Cl
                 groups[grp] = (n + 1, det | {f.detail for f in facts if f.group == grp})
         hit.append(groups)
     out = []
+    la, lb = [sum(1 for l in ls if recorded(l)) for _, ls in arms]
     for grp in PHRASE:
         (na, da), (nb, db) = hit[0].get(grp, (0, set())), hit[1].get(grp, (0, set()))
-        la, lb = [sum(1 for l in ls if recorded(l)) for _, ls in arms]
         if not la or not lb or na * lb == nb * la:
             continue  # the same share of both arms (or an arm without records): cannot favour one
         first, second = ((DEFAULT, na, la), (config, nb, lb)) if na / la >= nb / lb else \
