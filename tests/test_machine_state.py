@@ -191,6 +191,14 @@ def test_a_launch_process_is_recognised_by_its_marker():
         assert not launcher.carries_marker(os.getpid(), marker)
         assert not launcher.carries_marker(2 ** 22 + 7, marker)  # no such process
         assert launcher.marked_pids(marker) == [child.pid]
+        # the sweep's watch, as sweep._one_process sets it up: NVML lists the launch's worker and a stranger
+        rec = constructed()
+        for g in rec["snapshots"][1]["gpus"]:
+            g["processes"] = [{"pid": child.pid, "name": "python3"}, {"pid": OTHER, "name": "/usr/bin/stranger"}]
+        sampler = ms.open_sampler("gloo", nvml=nvmlreplay.ReplayNvml(rec, "load"), period_s=0.02)
+        with sampler.watch(lambda pid: launcher.carries_marker(pid, marker)) as w:
+            time.sleep(0.1)
+        assert {(o["pid"], o["name"]) for o in w.record()["others"]} == {(OTHER, "stranger")}
     finally:
         child.kill()
         child.wait()

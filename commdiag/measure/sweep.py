@@ -4,7 +4,8 @@
 prerequisites before the first launch, writes run.json after every launch
 (atomically), and on Ctrl-C kills the launch in flight, marks it pending and
 returns a resumable run.  ``--resume`` re-reads run.json and runs only the
-launches that are still pending.
+launches that are still pending.  Around every launch it records the machine's state
+(machinestate.py: NVML clocks, throttling, link, other processes; nccl runs only).
 
 Two stages (verdict.py): stage 1 is the interleaved trials; when it is done the
 sweep screens it, records the confirmation plan in run.json and appends stage 2's
