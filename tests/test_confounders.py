@@ -55,7 +55,8 @@ def test_throttling_in_one_arm_only_marks_the_certified_claim(tmp_path):
     assert check.confounded and check.stage == 2
     assert check.confounders[0] == ("2 of default's 6 stage-2 launches ran with thermal throttling "
                                     "(HW_THERMAL_SLOWDOWN on GPU 0, HW_THERMAL_SLOWDOWN on GPU 1); 0 of fast's 6")
-    assert any(t.startswith("2 of default's 6 stage-2 launches ran with a hardware slowdown") for t in check.confounders)
+    assert any(t.startswith("2 of default's 6 stage-2 launches ran with a hardware slowdown")
+               for t in check.confounders)
     # the SM clock under load: each launch's lowest, 1755 MHz in the hot ones; medians 1980 vs 1980: no mark
     assert not any("clocks" in t for t in check.confounders)
     text = report.render_verdicts(v)
