@@ -157,6 +157,8 @@ def launch_facts(launch: dict, run: dict) -> list[Fact]:
         i = g.get("index")
         during, after = _dict(g.get("during")), _dict(g.get("after"))
         reasons = set(_dict(during.get("reasons"))) | {r for r in _list(after.get("reasons")) if isinstance(r, str)}
+        if reasons & {"HW_THERMAL_SLOWDOWN", "HW_POWER_BRAKE_SLOWDOWN"}:
+            reasons.discard("HW_SLOWDOWN")  # set with either of them (nvidia-smi nests them under it)
         for r in sorted(reasons):
             if r in REASON_GROUP:
                 facts.append(Fact(REASON_GROUP[r], f"{r} on GPU {i}",
