@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from . import stats, verdict
+from . import machinereport, stats, verdict
 from ..formats import results
 from .screening import band_text
 from ..atomic import write_text
@@ -322,7 +322,9 @@ def _certified_section(verdicts: verdict.Verdicts) -> str:
             cls = c.result.replace(" ", "-") if c.certified else "inconclusive"
             rows.append([esc(c.claim.config), esc(c.claim.mode), esc(c.claim.where),
                          esc("faster" if c.claim.alternative == stats.LESS else "either way"), esc(c.claim.reason),
-                         f"<span class=\"{cls}\">{esc(c.text)}</span>",
+                         f"<span class=\"{cls}\">{esc(c.text)}</span>"
+                         + "".join(f"<br><span class=\"bad\">{esc(t.strip())}</span>"
+                                   for t in machinereport.claim_lines(verdicts, c, "")),
                          esc(", ".join(f"{v:g}" for v in c.config_us)), esc(", ".join(f"{v:g}" for v in c.default_us))])
         out.append(_table(["config", "mode", "where", "tested", "why a claim", "answer", "config launches (us)",
                            "default launches (us)"], rows, raw_cells=True))
@@ -422,6 +424,8 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
     b.append(_explain_section(run, tokens_by_size))
     b.append("<h2>Launch overhead</h2>")
     b.append(_overhead_section(run))
+    b.append("<h2>The machine during the launches</h2>")
+    b.append(machinereport.html_section(run, verdicts))
     b.append("<h2>What each rank saw, and what NCCL applied</h2>")
     b.append(f"<p>{esc(run.get('nccl_debug'))}</p>")
     b.append(_confirmations(run))
@@ -535,7 +539,12 @@ def write_profiles(run_dir: str | Path, verdicts: verdict.Verdicts, run: dict) -
         if old.name not in plan and old.is_file() and not old.is_symlink() \
                 and old.read_text(errors="replace").startswith(profile.PROFILE_HEADER):
             old.unlink()
+    first = next(iter(verdicts.bands), None)
     for name, (settings, meta) in plan.items():
+        band = first if name == "profile.env" else name[len("profile-"):-len(".env")]
+        why = machinereport.profile_note(verdicts, band)
+        if why:  # never silently certified: the file itself says so
+            meta = {**meta, "confounded": why}
         profile.save(run_dir / name, profile.Profile(settings, meta))
     return tuple(plan)
 
@@ -565,11 +574,13 @@ def render_verdicts(verdicts: verdict.Verdicts) -> str:
     lines.append(f"confirmation (stage 2): {verdicts.status}: {verdicts.status_note}")
     for c in verdicts.certifications:
         lines.append(f"  {c.claim.config} {c.claim.where} ({c.claim.mode}): {c.text}")
+        lines += machinereport.claim_lines(verdicts, c)
     if verdicts.status in (verdict.SCREENING_ONLY, verdict.PENDING):
         lines.append("no winner yet: nothing is certified before stage 2 (keep NCCL defaults meanwhile)")
     else:
         for w in verdicts.band_winners:
             lines.append(f"winner {w.mode} band {w.band}: {w.text}")
+            lines += machinereport.winner_lines(verdicts, w)
     for n in verdicts.notes:
         lines.append(n)
     if verdicts.size_certifications:
@@ -578,11 +589,13 @@ def render_verdicts(verdicts: verdict.Verdicts) -> str:
                      f"config x size claims certified (each at p <= {verdicts.size_certifications[0].threshold:.2g})")
         for c in done:
             lines.append(f"  {c.claim.config} at {c.claim.where}: {c.text}")
+            lines += machinereport.claim_lines(verdicts, c)
     for c, why in verdicts.excluded.items():
         if c != stats.DEFAULT:  # default is the reference, never a candidate; its failures are listed anyway
             lines.append(f"never a winner: {c} ({why})")
     for w in verdicts.warnings:
         lines.append(f"warning: {w}")
+    lines += machinereport.summary_lines(verdicts)
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import certify, screening, stats
+from . import certify, confounders, screening, stats
 from .certify import Certification
 from .screening import Screening
 from .stats import ALPHA, MIN_EFFECT
@@ -61,6 +61,7 @@ class Verdicts:
     notes: tuple[str, ...] = ()  # the A/A check's PASS/FAIL, and why NCCL settings do nothing under gloo
     alpha: float = ALPHA
     min_effect: float = MIN_EFFECT
+    confounders: confounders.Confounders | None = None  # the machine during the launches (confounders.py)
 
     # what the report and the CLI read besides the two stages
     @property
@@ -106,6 +107,7 @@ class Verdicts:
                 "band_winners": [w.to_json() for w in self.band_winners],
                 "size_certifications": [c.to_json() for c in self.size_certifications],
                 "notes": list(self.notes),
+                "confounders": self.confounders.to_json() if self.confounders else None,
                 "screening": self.screening.to_json()}
 
 
@@ -114,7 +116,8 @@ def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str
     from dataclasses import replace
 
     v = _evaluate(values, run, excluded)
-    return replace(v, notes=tuple(_notes(v, run)))
+    return replace(v, notes=tuple(_notes(v, run)),
+                   confounders=confounders.check(run, v.certifications + v.size_certifications))
 
 
 def _notes(v: Verdicts, run: dict) -> list[str]:

@@ -131,18 +131,18 @@ def _terminate_group(proc: subprocess.Popen) -> None:
 
 def marked_pids(marker: str) -> list[int]:
     """Processes whose environment carries ``COMMDIAG_LAUNCH_ID=marker`` (Linux /proc)."""
-    needle = f"{MARKER}={marker}".encode()
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+    return [int(e.name) for e in os.scandir("/proc")
+            if e.name.isdigit() and int(e.name) != os.getpid() and carries_marker(int(e.name), marker)]
+
+
+def carries_marker(pid: int, marker: str) -> bool:
+    """Whether process ``pid`` belongs to the launch ``marker`` (its environment says so); False
+    for a process this user cannot read (another user's is never one of ours)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{MARKER}={marker}".encode() in f.read().split(b"\0")
+    except (OSError, ValueError):
+        return False
 
 
 def kill_marked(marker: str) -> int:

@@ -4,7 +4,8 @@
 prerequisites before the first launch, writes run.json after every launch
 (atomically), and on Ctrl-C kills the launch in flight, marks it pending and
 returns a resumable run.  ``--resume`` re-reads run.json and runs only the
-launches that are still pending.
+launches that are still pending.  Around every launch it records the machine's state
+(machinestate.py: NVML clocks, throttling, link, other processes; nccl runs only).
 
 Two stages (verdict.py): stage 1 is the interleaved trials; when it is done the
 sweep screens it, records the confirmation plan in run.json and appends stage 2's
@@ -30,7 +31,7 @@ from typing import Callable
 
 from .. import __version__, metadata
 from ..analyse import certify, stats, verdict
-from . import launcher, runlock
+from . import launcher, machinestate, runlock
 from ..formats import results
 from ..errors import CommdiagError
 from ..formats.spec import Spec, launch_order
@@ -198,11 +199,13 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
               env: dict[str, str] | None = None,
               on_progress: Callable[[Progress], None] | None = None,
               on_plan: Callable[[StagePlan], None] | None = None,
-              confirm: bool = True, certify_sizes: bool = False) -> SweepResult:
+              confirm: bool = True, certify_sizes: bool = False,
+              sampler: machinestate.Sampler | None = None) -> SweepResult:
     """Run every pending launch of a new run (``spec``) or of an interrupted one (``resume``): stage 1
     (the interleaved trials), then, unless ``confirm`` is False, stage 2 (verdict.py: fresh rounds of
     default and the screening's candidates).  Both stages' launches live in run.json, so Ctrl-C and
-    --resume work across them."""
+    --resume work across them.  ``sampler``: what reads the machine's state around each launch
+    (machinestate.py; default NVML for nccl runs, nothing for gloo)."""
     base_env = dict(os.environ if env is None else env)
     if resume is not None:
         run_dir = Path(resume)
@@ -231,21 +234,22 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
             if certify_sizes:
                 run["certify_sizes"] = {"trials": spec.trials}
             results.save_run(run_dir, run)
-            return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+            return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
     with runlock.hold(run_dir):
         run = results.load_run_json(run_dir)  # read again under the lock: what the last holder left
         run["state"] = "running"
         _reap(run, run_dir)
-        return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+        return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
 
 
 def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str] | None = None,
                 on_progress: Callable[[Progress], None] | None = None,
-                on_plan: Callable[[StagePlan], None] | None = None) -> SweepResult:
+                on_plan: Callable[[StagePlan], None] | None = None,
+                sampler: machinestate.Sampler | None = None) -> SweepResult:
     """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
     or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
     with runlock.hold(run_dir):
-        return _confirm_locked(Path(run_dir), rounds, env, on_progress, on_plan)
+        return _confirm_locked(Path(run_dir), rounds, env, on_progress, on_plan, sampler)
 
 
 def _reap(run: dict, run_dir: Path) -> None:
@@ -257,7 +261,7 @@ def _reap(run: dict, run_dir: Path) -> None:
             f"{', '.join(map(str, ended))})")
 
 
-def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepResult:
+def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -> SweepResult:
     base_env = dict(os.environ if env is None else env)
     run = results.load_run_json(run_dir)
     _reap(run, run_dir)
@@ -287,10 +291,11 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepRe
                             "--rounds), then extend it")
     run["state"] = "running"
     results.save_run(run_dir, run)
-    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
 
 
-def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan) -> SweepResult:
+def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan,
+                sampler: machinestate.Sampler | None = None) -> SweepResult:
     if threading.current_thread() is threading.main_thread():
         # Started with SIGINT ignored (nohup, a background job, some service managers), Ctrl-C and
         # `kill -INT` would do nothing: the sweep's interrupt-and-resume needs the default handler.
@@ -298,13 +303,21 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
     configs = {c["name"]: c for c in run["configs"]}
     if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
         on_plan(_start_banner(spec, run, run_dir))
-    interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress)
-    if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
-        plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
-        results.save_run(run_dir, run)
-        if on_plan:
-            on_plan(plan)
-        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress)
+    own_sampler = sampler is None
+    sampler = sampler or machinestate.open_sampler(spec.backend)
+    try:
+        run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
+        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler)
+        if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
+            plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
+            results.save_run(run_dir, run)
+            if on_plan:
+                on_plan(plan)
+            interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler)
+        run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
+    finally:
+        if own_sampler:
+            sampler.close()
     run["state"] = "interrupted" if interrupted else "complete"
     run["finished_utc"] = None if interrupted else _utc()
     results.save_run(run_dir, run)
@@ -328,14 +341,15 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
     return StagePlan("start", len(pending), len(pending) * per, (line,))
 
 
-def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress) -> bool:
+def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
+                 sampler: machinestate.Sampler) -> bool:
     """Run every pending launch in order; True when interrupted (the launch in flight is pending again)."""
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
     done_walls: list[float] = []
     done = 0
     for batch in process_batches(pending, configs, spec.reuse_process):
         try:
-            outcome = _one_process(spec, run, run_dir, batch, configs, base_env)
+            outcome = _one_process(spec, run, run_dir, batch, configs, base_env, sampler)
         except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
             outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
         if outcome.interrupted:
@@ -480,8 +494,9 @@ def process_batches(launches: list[dict], configs: dict[str, dict], reuse: bool)
 
 
 def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], configs: dict[str, dict],
-                 base_env: dict) -> launcher.LaunchOutcome:
-    """One torchrun process for ``batch`` (one launch, or several with reuse_process); record each."""
+                 base_env: dict, sampler: machinestate.Sampler) -> launcher.LaunchOutcome:
+    """One torchrun process for ``batch`` (one launch, or several with reuse_process); record each,
+    with the machine's state around it (the same for every launch of a shared process)."""
     folders = []
     for launch in batch:
         folder = results.launch_dir(run_dir, launch["index"])
@@ -524,18 +539,21 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
     for launch in batch:
         launch["marker"] = marker
     results.save_run(run_dir, run)
-    outcome, marker = launcher.launch_worker(
-        folder, plan, base_env=base_env, config_env=process_env, extra_env=debug_env,
-        nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
-        rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", deadline_s=spec.timeout_s * len(batch),
-        marker=marker)
+    with sampler.watch(lambda pid: launcher.carries_marker(pid, marker)) as watch:
+        outcome, marker = launcher.launch_worker(
+            folder, plan, base_env=base_env, config_env=process_env, extra_env=debug_env,
+            nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
+            rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", deadline_s=spec.timeout_s * len(batch),
+            marker=marker)
     if outcome.interrupted:
         return outcome
+    machine = watch.record()
     found = [results.read_launch_result(run_dir, l["index"]) for l in batch]
     measured = sum(max(r.get("measure_s", 0.0) for r in res["ranks"]) for res in found if res)
     for n, (launch, result) in enumerate(zip(batch, found)):
         launch["started_utc"], launch["marker"] = started, marker
         _record(spec, run, launch, outcome, result, folder, shared=reuse)
+        launch["machine"] = machine
         if reuse:
             # one process measured every launch of the batch: its start and teardown are shared
             share = max(outcome.wall_s - measured, 0.0) / len(batch)
