@@ -37,24 +37,27 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
+from ..childpython import child_env, guarded
 from ..errors import CommdiagError, brief
 
 PROBE_TIMEOUT_S = 30.0  # a cold interpreter on a loaded machine starts in well under a second
 _MARK = "COMMDIAG-PYPROBE "
 
-# Runs inside the target interpreter (started with -S).  Python 3.8+ syntax only.
-_PROBE = r'''
-import json, os, sys
+# Runs inside the target interpreter (started with -S).  Python 3.8+ syntax only.  childpython's
+# guard runs first: the modules below come from the target's standard library and nowhere else.
+_PROBE = guarded(r'''
+import json, os
+import importlib.machinery, importlib.util
 out = {"error": None}
 try:
-    if sys.path and sys.path[0] == "":
-        # -c puts the working directory first, after site ran; a real start does not see it then.
-        sys.path.pop(0)
-    out["sys_path_before_site"] = list(sys.path)
     try:
         import site
     except ImportError:
         site = None
+    # The path without the folder: -c puts it first, after site ran; a real start does not see it
+    # then.  From here on nothing is imported: the path is only searched (find_spec).
+    sys.path[:] = _commdiag_path
+    out["sys_path_before_site"] = list(sys.path)
     out["has_site"] = site is not None
     pth_exec = []
     pth_files = []
@@ -123,7 +126,6 @@ try:
         out["user_site_flag"] = False
         out["site_packages"] = []
         out["venv_cfg"] = None
-    import importlib.machinery, importlib.util
     def origin(spec):
         if spec is None:
             return None
@@ -146,10 +148,10 @@ try:
 except Exception as e:
     out["error"] = "%s: %s" % (type(e).__name__, e)
 sys.stdout.write("\n''' + _MARK + r'''" + json.dumps(out) + "\n")
-'''
+''')
 
-_CROSS = (
-    "import sys, json\n"
+_CROSS = guarded(
+    "import json\n"
     "def f(n):\n"
     "    m = sys.modules.get(n)\n"
     "    return getattr(m, '__file__', None) or (repr(m) if m is not None else None)\n"
@@ -379,6 +381,7 @@ def probe(python: str | None = None, *, root: str | None = None, flags: list[str
     if root is not None and os.path.isabs(exe):
         exe = os.path.join(root, exe.lstrip("/"))
     flags = list(flags)
+    env = child_env(env)
     # -S stays in the user's flags list for reporting; the probe itself always needs it.
     probe_flags = [f for f in flags if f != "-S"]
     raw = _run([exe, *probe_flags, "-S", "-c", _PROBE], env)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import PACKAGE_PARENT
+from ..childpython import child_env
 from . import hookplan, hookstate
 from ..formats import profile as profile_mod
 from ..errors import CommdiagError
@@ -107,7 +108,7 @@ def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=())
 def _fresh_env(names) -> dict:
     # The managed names are removed so that what arrives comes from the hook, not from this shell;
     # no bytecode is written into the target's site-packages by this check.
-    env = {k: v for k, v in os.environ.items() if k not in names}
+    env = {k: v for k, v in child_env().items() if k not in names}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
@@ -282,7 +283,7 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
             else:
                 fresh = run_fresh(hooks.executable, _STATUS,
                                   [json.dumps(list(r["settings"])), PACKAGE_PARENT, json.dumps(r["settings"])],
-                                  env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, flags=flags)
+                                  env=child_env(PYTHONDONTWRITEBYTECODE="1"), flags=flags)
                 if "error" in fresh:
                     loads, why = False, [fresh["error"]]
                 else:
