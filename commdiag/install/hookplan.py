@@ -229,6 +229,8 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
                                  like=base if base.kind == FILE else None)
                 if cur.kind == FILE:  # keep the owner of the file being edited
                     after = replace(after, uid=cur.uid, gid=cur.gid)
+            if d.path.endswith(".py"):
+                check_compiles(after.data, d.shown, d.text if isinstance(d.text, str) else None)
             why = {OWNED: "commdiag's file", BLOCK: "commdiag block"}[d.role]
             if not cur.same(after):
                 changes.append(Change(d.path, d.shown, cur, after, why))
@@ -283,6 +285,26 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
         commands += t.commands
     return Plan("install", tuple(changes), tuple(mkdirs), (), tuple(new_records), (),
                 tuple(notes), tuple(warnings), tuple(commands))
+
+
+def check_compiles(data: bytes, shown: str, block: str | None = None) -> None:
+    """The Python file as it will be written must compile, and read under its own coding
+    declaration, commdiag's ``block`` must be exactly the text commdiag made: a block that would
+    turn into something else, or break the file, is refused before anything is written."""
+    import io
+    import tokenize
+
+    try:
+        compile(data, shown, "exec", dont_inherit=True)
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    except (SyntaxError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise CommdiagError(f"{shown}: would not compile with commdiag's block{where}; nothing was "
+                            "written (use --method pth)") from None
+    if block is not None and block not in text:
+        raise CommdiagError(f"{shown}: under its coding declaration ({encoding}) commdiag's block would "
+                            "read differently; nothing was written (use --method pth)")
 
 
 def _installed(after: FileState) -> dict:

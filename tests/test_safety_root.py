@@ -1,0 +1,81 @@
+"""install-hook's smaller root-side hazards: a value that becomes code under a legacy coding
+declaration, who can read the saved originals, the compiler that --tuner runs, the state lock.
+
+Installs go into a staged root (``--root``) and throwaway venvs inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commdiag.errors import CommdiagError
+from commdiag.install import hookplan, hooktext
+
+from conftest import REPO
+from pythons import plain_python
+
+
+def cli(*args, env=None, timeout=180):
+    e = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH", "")) if p)
+    for n in ("NCCL_PROTO", "FOO"):
+        e.pop(n, None)
+    return subprocess.run([sys.executable, "-m", "commdiag.cli", "install-hook", *map(str, args)],
+                          capture_output=True, text=True, env=e, timeout=timeout)
+
+
+def venv(dest: Path) -> Path:
+    subprocess.run([plain_python(), "-m", "venv", "--without-pip", str(dest)], check=True, timeout=120)
+    (sp,) = dest.glob("lib/python3.*/site-packages")
+    return sp
+
+
+# --------------------------------------------------------------------------- values under a coding declaration
+
+def crafted(marker: Path) -> str:
+    # U+00C1 is C3 81 in UTF-8; under cp932, 81 is a lead byte that takes repr's backslash before
+    # the quote as its second byte: the quote then ends the string and the rest is code.
+    return "\u00c1',0:__import__(\"os\").system(\"touch " + str(marker) + "\")}#"
+
+
+def test_a_value_stays_a_value_in_a_cp932_sitecustomize(tmp_path):
+    root = tmp_path / "root"
+    sp = venv(root / "venv")
+    own = "# -*- coding: cp932 -*-\nimport os\n"
+    (sp / "sitecustomize.py").write_text(own)
+    marker = tmp_path / "PWNED"
+    value = crafted(marker)
+    py = root / "venv/bin/python"
+    cp = cli("--root", root, "--python", py, "--method", "sitecustomize", "--set", f"FOO={value}")
+    assert cp.returncode == 0 and "verify: OK" in cp.stdout, cp.stdout + cp.stderr
+    seen = subprocess.run([str(py), "-c", "import os; print(ascii(os.environ.get('FOO')))"],
+                          capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert seen.stdout.strip() == ascii(value), seen.stdout + seen.stderr
+    assert not marker.exists()
+    assert (sp / "sitecustomize.py").read_bytes().isascii()
+    assert cli("--uninstall", "--root", root, "--python", py).returncode == 0
+    assert (sp / "sitecustomize.py").read_text() == own
+
+
+def test_the_hook_block_is_ascii_and_reads_back():
+    block = hooktext.hook_block({"FOO": "\u00e9\u8868'\"\\"}, override=False, meta={}, prefix="/opt/v\u00e9nv")
+    assert block.isascii()
+    assert hooktext.settings_in(block) == {"FOO": "\u00e9\u8868'\"\\"}
+
+
+def test_a_block_that_would_read_differently_is_refused(tmp_path):
+    # the second line of defence: the whole file is decoded as Python will, and the block must be there
+    value = crafted(tmp_path / "x")
+    block = "SETTINGS = {'FOO': %r}\n" % value  # what repr() used to write
+    data = ("# -*- coding: cp932 -*-\n" + block).encode()
+    with pytest.raises(CommdiagError, match=r"under its coding declaration \(cp932\)"):
+        hookplan.check_compiles(data, "sitecustomize.py", block)
+    with pytest.raises(CommdiagError, match="would not compile with commdiag's block"):
+        hookplan.check_compiles(b"# -*- coding: cp932 -*-\nx = '\x81'\n", "sitecustomize.py", "")
