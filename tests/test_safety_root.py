@@ -79,3 +79,37 @@ def test_a_block_that_would_read_differently_is_refused(tmp_path):
         hookplan.check_compiles(data, "sitecustomize.py", block)
     with pytest.raises(CommdiagError, match="would not compile with commdiag's block"):
         hookplan.check_compiles(b"# -*- coding: cp932 -*-\nx = '\x81'\n", "sitecustomize.py", "")
+
+
+# --------------------------------------------------------------------------- the compiler --tuner runs as root
+
+RULES = (b"# commdiag-tuner-rules 1\n"
+         b"coll=allreduce min_bytes=0 max_bytes=2097152 nranks=2 nnodes=1 algo=ring proto=ll\n")
+
+
+def _spy(folder: Path, name: str, real: str, marker: Path) -> Path:
+    p = folder / name
+    p.write_text(f'#!/bin/sh\necho {name} >> {marker}\nexec {real} "$@"\n')
+    p.chmod(0o755)
+    return p
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/cc") or not os.path.exists("/usr/bin/as"),
+                    reason="as root, with the system compiler in /usr/bin")
+def test_as_root_tuner_compiles_with_the_system_compiler_only(tmp_path):
+    user = tmp_path / "user-bin"  # what sudo -E brings along: the user's CC, PATH and compiler variables
+    user.mkdir()
+    marker = tmp_path / "RAN"
+    cc = _spy(user, "cc", "/usr/bin/cc", marker)
+    _spy(user, "as", "/usr/bin/as", marker)
+    rules = tmp_path / "rules.txt"
+    rules.write_bytes(RULES)
+    env = {"CC": str(cc), "PATH": f"{user}:{os.environ['PATH']}", "COMPILER_PATH": str(user)}
+    args = ("--method", "none", "--nccl-conf", "--root", tmp_path / "root", "--tuner", rules)
+    cp = cli(*args, env=env)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "compiled here by /usr/bin/cc" in cp.stdout and not marker.exists()
+    # --cc is the way to choose another one; the compiler's environment stays clean
+    cp = cli(*args, "--cc", cc, env=env)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert marker.read_text() == "cc\n"

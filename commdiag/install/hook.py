@@ -82,9 +82,10 @@ def _no_winner_reason(run_dir: Path) -> str:
     return why
 
 
-def prepare_tuner(path: str | Path, root: str | None = None) -> hooktuner.TunerFiles:
-    """``--tuner PATH``: the rules read and checked, the plugin compiled, before anything changes."""
-    return hooktuner.prepare(path, Roots(root).shown(hookstate.state_dir(Roots(root))))
+def prepare_tuner(path: str | Path, root: str | None = None, cc: str | None = None) -> hooktuner.TunerFiles:
+    """``--tuner PATH``: the rules read and checked, the plugin compiled (``cc``: ``--cc``), before
+    anything changes."""
+    return hooktuner.prepare(path, Roots(root).shown(hookstate.state_dir(Roots(root))), cc)
 
 
 def resolve_settings(from_dir: str | None = None, profile: str | None = None, sets=(), *,
