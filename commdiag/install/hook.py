@@ -339,7 +339,7 @@ class InstallResult:
 
     @property
     def ok(self) -> bool:
-        return all(v.ok for v in self.verification)
+        return all(v.ok for v in self.verification) and not self.plan.refused
 
     def to_json(self) -> dict:
         return {"format": "commdiag-install-hook", "version": 1, "action": self.plan.action,
@@ -348,6 +348,7 @@ class InstallResult:
                              "after": c.after.kind, "sha256": c.after.sha256} for c in self.plan.changes],
                 "mkdirs": list(self.plan.mkdirs), "rmdirs": list(self.plan.rmdirs),
                 "notes": list(self.plan.notes), "warnings": list(self.warnings) + list(self.plan.warnings),
+                "refused": list(self.plan.refused),
                 "commands": list(self.plan.commands),
                 "verification": [{"ok": v.ok, "detail": v.detail, "seen": v.seen} for v in self.verification]}
 
@@ -376,43 +377,54 @@ def _targets(req: Request, roots: Roots, hooks, meta: dict) -> list[Target]:
     return targets
 
 
+def _real(targets: list[Target], roots: Roots) -> list[Target]:
+    """The targets with their directories' links resolved: what apply walks, link-free."""
+    return [replace(t, desired=tuple(replace(d, path=roots.real(d.path),
+                                             import_dir=roots.real_dir(d.import_dir) if d.import_dir else None)
+                                     for d in t.desired)) for t in targets]
+
+
 def _plan(req: Request, roots: Roots, hooks, sdir: str) -> tuple[list[Target], Plan]:
     """The install plan against the manifest and the files as they are now."""
     records = {r["key"]: r for r in hookstate.load_manifest(sdir, roots)["installs"]}
     meta = _meta(req.settings, req.python, req.root)
-    targets = _targets(req, roots, hooks, meta)
+    targets = _real(_targets(req, roots, hooks, meta), roots)
     same = [records.get(t.key) for t in targets]
     if all(r is not None and r.get("settings") == t.info.get("settings") and r.get("source") == req.settings.source
            and r.get("override", req.override) == req.override and r.get("method") == t.method
            for r, t in zip(same, targets)):
         # The same install again: keep its date, so that the files are byte-identical and nothing changes.
         meta["installed"] = min(r["installed"] for r in same)
-        targets = _targets(req, roots, hooks, meta)
-    plan = hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
-    return targets, _drop_unused_tuners(plan, records)
+        targets = _real(_targets(req, roots, hooks, meta), roots)
+    plan = hookplan.plan_install(targets, _survey(targets, records, roots), records, force=req.force, meta=meta)
+    return targets, _drop_unused_tuners(plan, records, roots)
 
 
-def _drop_unused_tuners(plan: Plan, records: dict[str, dict]) -> Plan:
+def _drop_unused_tuners(plan: Plan, records: dict[str, dict], roots: Roots) -> Plan:
     """An install that no longer names an earlier ``--tuner``'s files also removes them (exactly)."""
     new_keys = {r["key"] for r in plan.records}
     after = [r for k, r in records.items() if k not in new_keys] + list(plan.records)
     unused = hooktuner.unused_records(after)
     if not unused:
         return plan
-    undo = _plan_uninstall(unused, force=False)
+    undo = _plan_uninstall(unused, force=False, roots=roots, others=[r for r in after if r not in unused])
     return replace(plan, changes=plan.changes + undo.changes, rmdirs=undo.rmdirs,
                    drop_keys=plan.drop_keys + undo.drop_keys, notes=plan.notes + tuple(
                        f"{r['target']}: the tuner files are no longer named by any install; removed" for r in unused),
-                   warnings=plan.warnings + undo.warnings)
+                   warnings=plan.warnings + undo.warnings, refused=plan.refused + undo.refused,
+                   records=plan.records + undo.records)
 
 
-def _plan_uninstall(chosen: list[dict], *, force: bool) -> Plan:
+def _plan_uninstall(chosen: list[dict], *, force: bool, roots: Roots, others: list[dict] = ()) -> Plan:
+    """The undo of ``chosen`` (``others``: the installs that stay, whose files are left to them)."""
     paths = [f["path"] for r in chosen for f in r["files"]]
     bytecode = [f["import_dir"] for r in chosen for f in r["files"] if f.get("import_dir")]
-    return hookplan.plan_uninstall(chosen, hookstate.snapshot(paths, bytecode), force=force)
+    trusted = frozenset({0, os.geteuid()})  # whose directories no one else can have swapped
+    return hookplan.plan_uninstall(chosen, hookstate.snapshot(paths, bytecode, roots), force=force,
+                                   others=list(others), trusted_uids=trusted)
 
 
-def _survey(targets: list[Target], records: dict[str, dict]) -> dict:
+def _survey(targets: list[Target], records: dict[str, dict], roots: Roots) -> dict:
     paths = [d.path for t in targets for d in t.desired]
     bytecode = [d.import_dir for t in targets for d in t.desired if d.import_dir]
     for t in targets:
@@ -420,7 +432,7 @@ def _survey(targets: list[Target], records: dict[str, dict]) -> dict:
             paths.append(f["path"])
             if f.get("import_dir"):
                 bytecode.append(f["import_dir"])
-    return hookstate.snapshot(paths, bytecode)
+    return hookstate.snapshot(paths, bytecode, roots)
 
 
 def render_plan(plan: Plan) -> str:
@@ -458,15 +470,15 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
     if dry_run:
         targets, plan = _plan(req, roots, hooks, sdir)
         return InstallResult(plan, True, sdir, render_plan(plan), warnings=req.settings.warnings)
-    with hookstate.locked(sdir) as state_created:
+    with hookstate.locked(sdir, roots) as state_created:
         committed = Plan("install", (), (), (), (), ())  # on any error: no record (apply rolled back)
         try:
             targets, plan = _plan(req, roots, hooks, sdir)
-            created = hookstate.apply(plan, roots)
-            committed = plan = _with_created_dirs(plan, created)
+            created, ids = hookstate.apply(plan, roots)
+            committed = plan = _with_dir_ids(_with_created_dirs(plan, created), ids)
         finally:
             # Also removes a lock and state directories this call created when nothing is installed.
-            hookstate.commit_records(sdir, committed, state_created)
+            hookstate.commit_records(sdir, committed, state_created, roots)
     checks: list[Verification] = []
     if verify and hooks is not None:
         py = next(t for t in targets if t.kind == "python")
@@ -476,6 +488,20 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
         else:
             checks.append(verify_python(hooks.executable, req.settings.values, override=req.override))
     return InstallResult(plan, False, sdir, render_plan(plan), tuple(checks), req.settings.warnings)
+
+
+def _with_dir_ids(plan: Plan, ids: dict[str, list[int]]) -> Plan:
+    """Record the identity of the directories apply created and wrote in (the plan has those of
+    directories that existed when it was made)."""
+    def entry(f: dict) -> dict:
+        f = dict(f)
+        if f.get("dir_id") is None:
+            f["dir_id"] = ids.get(posixpath.dirname(f["path"]))
+        if f.get("import_dir") and f.get("import_dir_id") is None:
+            f["import_dir_id"] = ids.get(f["import_dir"])
+        return f
+
+    return replace(plan, records=tuple({**r, "files": [entry(f) for f in r["files"]]} for r in plan.records))
 
 
 def _with_created_dirs(plan: Plan, created: list[str]) -> Plan:
@@ -527,17 +553,18 @@ def uninstall(*, python: str | None = None, method: str = "auto", systemd_unit: 
                                 + ("" if keys is None else " (--all removes every recorded install)"))
         # --tuner's files go with the last install that names them
         chosen += [r for r in hooktuner.unused_records([r for r in manifest["installs"] if r not in chosen])]
-        return _plan_uninstall(chosen, force=force)
+        return _plan_uninstall(chosen, force=force, roots=roots,
+                               others=[r for r in manifest["installs"] if r not in chosen])
 
     if dry_run:
         plan = make(hookstate.load_manifest(sdir, roots))
         return InstallResult(plan, True, sdir, render_plan(plan))
     if not os.path.exists(os.path.join(sdir, hookstate.MANIFEST_NAME)):
         raise CommdiagError(f"no commdiag install recorded in {sdir}")
-    with hookstate.locked(sdir) as state_created:
+    with hookstate.locked(sdir, roots) as state_created:
         plan = make(hookstate.load_manifest(sdir, roots))
         hookstate.apply(plan, roots)
-        hookstate.commit_records(sdir, plan, state_created)
+        hookstate.commit_records(sdir, plan, state_created, roots)
     return InstallResult(plan, False, sdir, render_plan(plan))
 
 
@@ -549,6 +576,10 @@ def render_install(res: InstallResult) -> str:
     lines = [f"{head[(res.plan.action, res.dry_run)]}; manifest: {res.state_dir}"]
     lines += [f"  why: {n}" for n in res.plan.notes]
     lines += [f"  warning: {w}" for w in (*res.warnings, *res.plan.warnings)]
+    lines += [f"  refused: {w}" for w in res.plan.refused]
+    if res.plan.refused:
+        lines.append("  (the manifest keeps what was refused; put the directory back, or remove it, and run "
+                     "--uninstall again)")
     if res.dry_run:
         lines.append(res.diff)
     else:

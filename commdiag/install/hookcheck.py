@@ -200,14 +200,16 @@ if __name__ == "__main__":
 '''
 
 
-def _file_states(record: dict) -> tuple[FileStatus, ...]:
+def _file_states(record: dict, roots: Roots) -> tuple[FileStatus, ...]:
     out = []
     for f in record["files"]:
         if f["role"] == hookplan.CACHE:
             continue
-        cur = hookstate.read_state(f["path"])
+        cur = hookstate.read_state(f["path"], roots)
         if cur.kind == hookplan.ABSENT:
             state = "missing"
+        elif cur.kind == hookplan.BLOCKED:
+            state = "its directory is a symbolic link now"
         elif hookplan._unchanged_since(cur, f):
             state = "as installed"
         else:
@@ -274,7 +276,7 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
     hooks = probe_target(python, flags)
     out = []
     for r in records:
-        files = _file_states(r)
+        files = _file_states(r, roots)
         match, detail = _compare_profile(r, expected)
         loads, why, check = None, [], None
         if r["kind"] == "python" and r.get("prefix") == hooks.prefix:
