@@ -113,3 +113,47 @@ def test_as_root_tuner_compiles_with_the_system_compiler_only(tmp_path):
     cp = cli(*args, "--cc", cc, env=env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert marker.read_text() == "cc\n"
+
+
+# --------------------------------------------------------------------------- who can read the saved originals
+
+def test_the_original_of_a_replaced_file_is_readable_by_its_installer_only(tmp_path):
+    root = tmp_path / "root"
+    home = root / "root"
+    home.mkdir(parents=True)
+    conf = home / ".nccl.conf"
+    secret = b"NCCL_IB_HCA=mlx5\n# token: s3cr3t-t0ken\n"
+    conf.write_bytes(secret)
+    conf.chmod(0o600)
+    cp = cli("--method", "none", "--nccl-conf", "user", "--root", root, "--set", "NCCL_PROTO=LL")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    state = root / "var/lib/commdiag"
+    manifest = state / "installs.json"
+    befores = [f["before"] for r in json.loads(manifest.read_text())["installs"] for f in r["files"]]
+    assert b"s3cr3t" not in manifest.read_bytes() and not any("data_b64" in b for b in befores)
+    assert stat.S_IMODE(manifest.stat().st_mode) == 0o644  # readable: --status needs no root
+    holders = [p for p in state.rglob("*") if p.is_file() and secret in p.read_bytes()]
+    assert holders and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in holders)
+    assert all(stat.S_IMODE(p.parent.stat().st_mode) == 0o700 for p in holders)
+    assert json.loads(manifest.read_text())["version"] == 2
+    cp = cli("--uninstall", "--method", "none", "--nccl-conf", "user", "--root", root)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert conf.read_bytes() == secret and stat.S_IMODE(conf.stat().st_mode) == 0o600
+    assert not state.exists()
+
+
+# --------------------------------------------------------------------------- the state lock
+
+def test_a_symlinked_lock_is_refused_and_not_followed(tmp_path):
+    root = tmp_path / "root"
+    state = root / "var/lib/commdiag"
+    state.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    (state / "lock").symlink_to(victim)
+    cp = cli("--method", "none", "--nccl-conf", "--root", root, "--set", "NCCL_PROTO=LL")
+    assert cp.returncode == 2 and "lock: is a symbolic link" in cp.stderr, cp.stdout + cp.stderr
+    assert not victim.exists() and not (root / "etc/nccl.conf").exists()
+    (state / "lock").unlink()
+    os.mkfifo(state / "lock")
+    cp = cli("--method", "none", "--nccl-conf", "--root", root, "--set", "NCCL_PROTO=LL", timeout=60)
+    assert cp.returncode == 2 and "lock: is not a regular file" in cp.stderr, cp.stdout + cp.stderr
