@@ -481,6 +481,9 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
               help="With --tuner: the C compiler (default: $CC or cc; as root cc in /usr/bin or /bin, with "
                    "no $PATH, $CC or compiler variables from your environment).")
 @click.option("--python", "python", metavar="PATH", help="Target interpreter (default: this one).")
+@click.option("--allow-user-owned", is_flag=True,
+              help="As root: a target whose files another user can change is refused (starting it would run "
+                   "their code as root); with this it is started as that user and installed into anyway.")
 @click.option("--method", type=click.Choice(["auto", "pth", "sitecustomize", "none"]), default=None,
               help="Python hook method; auto (the default) chooses from what detect finds; none: no Python hook. "
                    "With --systemd or --nccl-conf and no --python, the default is none: only what was asked for.")
@@ -501,9 +504,9 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
               help="Do not start the target interpreter after installing to check that every value arrives "
                    "(for a target that cannot run here, e.g. a staged --root).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def install_hook_cmd(from_dir, profile_path, sets, tuner_path, cc, python, method, systemd_unit, systemd_env_file,
-                     nccl_conf, override, force, root, show_status, uninstall, all_installs, dry_run, python_flags,
-                     no_verify, as_json):
+def install_hook_cmd(from_dir, profile_path, sets, tuner_path, cc, python, allow_user_owned, method, systemd_unit,
+                     systemd_env_file, nccl_conf, override, force, root, show_status, uninstall, all_installs,
+                     dry_run, python_flags, no_verify, as_json):
     """Persist NCCL settings: a Python startup hook (.pth or sitecustomize), a systemd drop-in, nccl.conf."""
     from .install import hook
 
@@ -518,20 +521,22 @@ def install_hook_cmd(from_dir, profile_path, sets, tuner_path, cc, python, metho
         expected = None
         if from_dir or profile_path or sets:
             expected = hook.resolve_settings(from_dir, profile_path, sets, force=True).values
-        res = hook.status(python=python, flags=python_flags, root=root, expected=expected)
+        res = hook.status(python=python, flags=python_flags, root=root, expected=expected,
+                          allow_user_owned=allow_user_owned)
         _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res))
         sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
     if method is None:
         method = "none" if (systemd_unit or nccl_conf) and python is None else "auto"
     if uninstall:
         res = hook.uninstall(python=python, method=method, systemd_unit=systemd_unit, nccl_conf=nccl_conf,
-                             all_installs=all_installs, root=root, force=force, dry_run=dry_run)
+                             all_installs=all_installs, root=root, force=force, dry_run=dry_run,
+                             allow_user_owned=allow_user_owned)
     else:
         tuner = hook.prepare_tuner(tuner_path, root, cc) if tuner_path is not None else None
         settings = hook.resolve_settings(from_dir, profile_path, sets, force=force, tuner=tuner)
         req = hook.Request(settings, python=python, method=method, systemd_unit=systemd_unit,
                            systemd_env_file=systemd_env_file, nccl_conf=nccl_conf, override=override, force=force,
-                           root=root, tuner=tuner)
+                           root=root, tuner=tuner, allow_user_owned=allow_user_owned)
         res = hook.install(req, dry_run=dry_run, verify=not no_verify)
     _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_install(res))
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)

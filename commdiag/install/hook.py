@@ -40,6 +40,7 @@ from .. import __version__
 from . import hookplan, hookstate, hooktext, hooktuner, systemd
 from ..nccl import ncclvars
 from ..formats import profile as profile_mod
+from ..environment import trust
 from ..errors import CommdiagError
 from .hookcheck import Verification, probe_target, render_status, status, verify_python  # noqa: F401 (the API)
 from .hookplan import BLOCK, OWNED, Desired, Plan, Target
@@ -150,6 +151,7 @@ class Request:
     force: bool = False
     root: str | None = None
     tuner: hooktuner.TunerFiles | None = None  # --tuner: its files; its variables are in settings
+    allow_user_owned: bool = False  # as root: start a target another user can change as that user
 
 
 # --------------------------------------------------------------------------- the Python target
@@ -384,11 +386,29 @@ def _real(targets: list[Target], roots: Roots) -> list[Target]:
                                      for d in t.desired)) for t in targets]
 
 
+def _inside_prefix(targets: list[Target], hooks) -> None:
+    """An interpreter started as another user (--allow-user-owned) says where its site-packages
+    is: root writes for it only inside its own prefix (trust.check_prefix held that against
+    where it lives), after every link is resolved."""
+    if hooks is None or not hooks.run_as:
+        return
+    for t in targets:
+        if t.kind != "python":
+            continue
+        for d in t.desired:
+            for p in (d.path, *([d.import_dir] if d.import_dir else [])):
+                if not trust.inside(p, hooks.prefix):
+                    raise CommdiagError(f"{d.shown}: resolves to {os.path.realpath(p)}, outside {hooks.prefix}, "
+                                        f"the prefix of {hooks.executable}; started as uid {hooks.run_as[0]}, "
+                                        "it is written for only inside its own tree")
+
+
 def _plan(req: Request, roots: Roots, hooks, sdir: str) -> tuple[list[Target], Plan]:
     """The install plan against the manifest and the files as they are now."""
     records = {r["key"]: r for r in hookstate.load_manifest(sdir, roots)["installs"]}
     meta = _meta(req.settings, req.python, req.root)
     targets = _real(_targets(req, roots, hooks, meta), roots)
+    _inside_prefix(targets, hooks)
     same = [records.get(t.key) for t in targets]
     if all(r is not None and r.get("settings") == t.info.get("settings") and r.get("source") == req.settings.source
            and r.get("override", req.override) == req.override and r.get("method") == t.method
@@ -465,7 +485,7 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
     roots = Roots(req.root)
     if req.method not in METHODS:
         raise CommdiagError(f"--method: {req.method!r} is not one of {', '.join(METHODS)}")
-    hooks = probe_target(req.python) if req.method != "none" else None
+    hooks = probe_target(req.python, allow_user_owned=req.allow_user_owned) if req.method != "none" else None
     sdir = hookstate.state_dir(roots)
     if dry_run:
         targets, plan = _plan(req, roots, hooks, sdir)
@@ -486,7 +506,8 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
             checks.append(Verification(True, f"not started: the hook was staged under --root {req.root}, "
                                              "which the interpreter does not read"))
         else:
-            checks.append(verify_python(hooks.executable, req.settings.values, override=req.override))
+            checks.append(verify_python(hooks.executable, req.settings.values, override=req.override,
+                                        run_as=hooks.run_as))
     return InstallResult(plan, False, sdir, render_plan(plan), tuple(checks), req.settings.warnings)
 
 
@@ -521,13 +542,14 @@ def _select(manifest: dict, *, keys: set[str] | None) -> list[dict]:
             if keys is None or r["key"] in keys or f"target:{r.get('target')}" in keys]
 
 
-def _keys(python: str | None, method: str, unit: str | None, conf: str | None) -> set[str]:
+def _keys(python: str | None, method: str, unit: str | None, conf: str | None,
+          allow_user_owned: bool = False) -> set[str]:
     keys = set()
     if method != "none":
         exe = python or sys.executable
         keys.add(f"target:{exe}")  # the interpreter may be gone (a deleted venv): match the recorded path too
         try:
-            keys.add("python:" + probe_target(python).prefix)
+            keys.add("python:" + probe_target(python, allow_user_owned=allow_user_owned).prefix)
         except CommdiagError:
             pass
     if unit:
@@ -539,11 +561,11 @@ def _keys(python: str | None, method: str, unit: str | None, conf: str | None) -
 
 def uninstall(*, python: str | None = None, method: str = "auto", systemd_unit: str | None = None,
               nccl_conf: str | None = None, all_installs: bool = False, root: str | None = None,
-              force: bool = False, dry_run: bool = False) -> InstallResult:
+              force: bool = False, dry_run: bool = False, allow_user_owned: bool = False) -> InstallResult:
     """Put back every file of the selected installs exactly as it was (bytes, mode, owner, symlinks)."""
     roots = Roots(root)
     sdir = hookstate.state_dir(roots)
-    keys = None if all_installs else _keys(python, method, systemd_unit, nccl_conf)
+    keys = None if all_installs else _keys(python, method, systemd_unit, nccl_conf, allow_user_owned)
 
     def make(manifest):
         chosen = _select(manifest, keys=keys)

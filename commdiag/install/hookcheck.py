@@ -24,15 +24,20 @@ from . import hookplan, hookstate
 from ..formats import profile as profile_mod
 from ..errors import CommdiagError
 from .hookstate import Roots
+from ..environment import trust
 from ..environment.pyprobe import run_bounded
 
 VERIFY_TIMEOUT_S = 60.0  # a cold interpreter plus one spawn child: ~1 s; generous for a loaded machine
 
 
-def probe_target(python: str | None, flags=()):
+def probe_target(python: str | None, flags=(), allow_user_owned: bool = False):
     from ..environment import pyprobe
 
-    return pyprobe.probe(python, flags=list(flags), cross_check=False)
+    return pyprobe.probe(python, flags=list(flags), cross_check=False, allow_user_owned=allow_user_owned)
+
+
+def _run_as(hooks_run_as) -> trust.RunAs | None:
+    return trust.RunAs(*hooks_run_as, "its tree is another user's") if hooks_run_as else None
 
 
 @dataclass(frozen=True)
@@ -78,14 +83,18 @@ if __name__ == "__main__":
 '''
 
 
-def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=()) -> dict:
-    """Run ``script`` (a file, so that spawn children can re-import it) in a fresh ``python``."""
+def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=(), run_as=None) -> dict:
+    """Run ``script`` (a file, so that spawn children can re-import it) in a fresh ``python``
+    (``run_as``: as that user, who may read but not change the script or its folder)."""
     with tempfile.TemporaryDirectory(prefix="commdiag-verify-") as tmp:
         path = os.path.join(tmp, "commdiag_verify.py")
         Path(path).write_text(script)
+        if run_as is not None:
+            os.chmod(tmp, 0o755)
+            os.chmod(path, 0o644)
         try:  # bounded: time, output kept, and no process of it left behind
             rc, out, err, timed_out = run_bounded([python, *flags, path, *args], env=env, cwd=tmp,
-                                                  timeout=VERIFY_TIMEOUT_S)
+                                                  timeout=VERIFY_TIMEOUT_S, run_as=run_as)
         except OSError as e:
             return {"error": f"{python} did not run: {e.strerror or e}"}
     if timed_out:
@@ -113,10 +122,12 @@ def _fresh_env(names) -> dict:
     return env
 
 
-def verify_python(python: str, settings: dict[str, str], *, override: bool = False) -> Verification:
-    """Start ``python`` fresh and a spawn child of it; do the values arrive (os.environ and getenv)?"""
+def verify_python(python: str, settings: dict[str, str], *, override: bool = False,
+                  run_as: list[int] | None = None) -> Verification:
+    """Start ``python`` fresh and a spawn child of it; do the values arrive (os.environ and getenv)?
+    (``run_as``: the probe's ``PythonHooks.run_as``, [uid, gid] to start it as.)"""
     names = list(settings)
-    seen = run_fresh(python, _VERIFY, [json.dumps(names)], env=_fresh_env(names))
+    seen = run_fresh(python, _VERIFY, [json.dumps(names)], env=_fresh_env(names), run_as=_run_as(run_as))
     if "error" in seen:
         return Verification(False, seen["error"])
     bad = []
@@ -130,7 +141,8 @@ def verify_python(python: str, settings: dict[str, str], *, override: bool = Fal
                 bad.append(f"{proc}: {n} is {got[n]['environ']!r} (getenv {got[n]['getenv']!r}), expected {v!r}")
     if bad:
         return Verification(False, f"a fresh {python} does NOT get the settings: " + "; ".join(bad), seen)
-    return Verification(True, f"a fresh {python} and a spawn child of it see all {len(names)} settings "
+    who = f" (started as uid {run_as[0]})" if run_as else ""
+    return Verification(True, f"a fresh {python}{who} and a spawn child of it see all {len(names)} settings "
                               "(os.environ and getenv)", seen)
 
 
@@ -266,14 +278,14 @@ def _compare_profile(record: dict, expected: dict | None) -> tuple[bool | None, 
 
 
 def status(*, python: str | None = None, flags=(), root: str | None = None,
-           expected: dict[str, str] | None = None) -> StatusResult:
+           expected: dict[str, str] | None = None, allow_user_owned: bool = False) -> StatusResult:
     """What commdiag installed where, whether it matches, whether the target will load it now."""
     roots = Roots(root)
     dirs = [hookstate.state_dir(roots)]
     if root is None and os.geteuid() != 0 and os.path.isdir("/var/lib/commdiag"):
         dirs.append("/var/lib/commdiag")
     records = [r for d in dirs for r in hookstate.load_manifest(d, roots)["installs"]]
-    hooks = probe_target(python, flags)
+    hooks = probe_target(python, flags, allow_user_owned)
     out = []
     for r in records:
         files = _file_states(r, roots)
@@ -285,7 +297,8 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
             else:
                 fresh = run_fresh(hooks.executable, _STATUS,
                                   [json.dumps(list(r["settings"])), PACKAGE_PARENT, json.dumps(r["settings"])],
-                                  env=child_env(PYTHONDONTWRITEBYTECODE="1"), flags=flags)
+                                  env=child_env(PYTHONDONTWRITEBYTECODE="1"), flags=flags,
+                                  run_as=_run_as(hooks.run_as))
                 if "error" in fresh:
                     loads, why = False, [fresh["error"]]
                 else:
