@@ -43,7 +43,7 @@ class Finding:
     path: str
     uid: int  # the owner; root (0) when only the mode is the finding
     gid: int
-    why: str  # "owned by uid 1000 (alice)", "writable by group 27 (sudo)", "writable by everyone"
+    why: str  # "owned by uid 1000 (alice)", "writable by group 27 (sudo)", "world-writable (mode 0777)"
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _inspect(path: str, st: os.stat_result) -> Finding | None:
         return None  # a link's own mode means nothing; who can replace it is its directory's question
     sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
     if st.st_mode & stat.S_IWOTH and not sticky:
-        return Finding(path, 0, st.st_gid, "writable by everyone")
+        return Finding(path, 0, st.st_gid, f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
     if st.st_mode & stat.S_IWGRP and not sticky and st.st_gid != 0:
         return Finding(path, 0, st.st_gid, f"writable by group {st.st_gid} ({_group(st.st_gid)})")
     return None
@@ -199,7 +199,7 @@ def decide(findings: list[Finding], exe: str, allow: bool) -> RunAs | None:
         except KeyError:
             gid = first.gid
     else:
-        uid, gid = NOBODY, first.gid if "group" in first.why else NOBODY
+        uid, gid = NOBODY, first.gid if first.why.startswith("writable by group") else NOBODY
     return RunAs(uid, gid, f"{first.path} is {first.why}")
 
 

@@ -32,6 +32,7 @@ import os
 import posixpath
 import pwd
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -598,10 +599,12 @@ def render_install(res: InstallResult) -> str:
     lines = [f"{head[(res.plan.action, res.dry_run)]}; manifest: {res.state_dir}"]
     lines += [f"  why: {n}" for n in res.plan.notes]
     lines += [f"  warning: {w}" for w in (*res.warnings, *res.plan.warnings)]
-    lines += [f"  refused: {w}" for w in res.plan.refused]
+    for w in res.plan.refused:  # wrapped at 100 columns, word by word (a path is never split)
+        lines += textwrap.wrap(f"  refused: {w}", 100, subsequent_indent="    ", break_long_words=False,
+                               break_on_hyphens=False)
     if res.plan.refused:
-        lines.append("  (the manifest keeps what was refused; put the directory back, or remove it, and run "
-                     "--uninstall again)")
+        lines += ["  the manifest keeps what was refused: put the directory back (or remove it),",
+                  "  then run --uninstall again"]
     if res.dry_run:
         lines.append(res.diff)
     else:
