@@ -11,6 +11,7 @@ not passed on either.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -139,6 +140,7 @@ def test_propagation_children_every_way(hostile, monkeypatch):
     assert argv[argv.index("--max-restarts=0") + 1] == str(Path(cwd, "torchrun_worker.py"))
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="a sweep launch needs torch (torchrun)")
 def test_a_sweep_launch_agent_and_worker(hostile, tmp_path):
     cwd, marker = hostile
     (tmp_path / "launch").mkdir()

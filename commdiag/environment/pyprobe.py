@@ -22,6 +22,11 @@ A second, normal start of the interpreter (``cross_check=True``) reports which
 sitecustomize was really imported; that does run the target's hooks, exactly as
 any start of that interpreter would.  The probe script runs on Python 3.8+.
 
+Both scripts start with childpython's path guard: the folder the probe was started
+from is never on their path, and they import only from the target's standard
+library.  As root, a target whose tree another user can change is refused, or
+with ``allow_user_owned`` started as that user (trust.py), cross-check included.
+
 Known limit: a meta-path finder installed by a .pth ``import`` line (editable
 installs do this) is not installed during the replay, so a sitecustomize that
 only such a finder provides is not seen by the replay; the cross-check sees it.

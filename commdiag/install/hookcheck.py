@@ -7,7 +7,9 @@ a multiprocessing spawn child can re-import it), and report one JSON line.
 probes the target (pyprobe.py) and starts it fresh, with the flags a service
 uses (``--python-flag -S``), to say whether the hook loads and, if not, why;
 that process also runs check-env (envcheck.py, imported from this commdiag
-checkout, so the target needs nothing installed).
+checkout, so the target needs nothing installed).  A target the probe decided to
+start as its owner (root, ``--allow-user-owned``; ``PythonHooks.run_as``) is
+started so here too, with the script's folder readable but not writable by it.
 """
 
 from __future__ import annotations
