@@ -1,6 +1,7 @@
 """One torchrun launch under a deadline: argv, environment, supervision, and cleanup.
 
-Every launch is a fresh ``python -m torch.distributed.run`` in its own session, with
+Every launch is a fresh ``python -P -m torch.distributed.run`` (childpython.module_argv: the
+folder the sweep was started from is on no path, the workers' either) in its own session, with
 an explicit environment: the user's, then the config's variables, then commdiag's
 own (a unique ``COMMDIAG_LAUNCH_ID`` marker, and NCCL's debug settings unless the
 user set NCCL_DEBUG).  The deadline covers start, measurement and teardown (a
