@@ -157,3 +157,21 @@ def test_a_symlinked_lock_is_refused_and_not_followed(tmp_path):
     os.mkfifo(state / "lock")
     cp = cli("--method", "none", "--nccl-conf", "--root", root, "--set", "NCCL_PROTO=LL", timeout=60)
     assert cp.returncode == 2 and "lock: is not a regular file" in cp.stderr, cp.stdout + cp.stderr
+
+
+def test_without_its_saved_copy_an_original_is_neither_lost_nor_made_up():
+    def target(proto):
+        block = hooktext.hook_block({"NCCL_PROTO": proto}, override=False, meta={})
+        return hookplan.Target("python:/p", "python", "sitecustomize",
+                               (hookplan.Desired("/r/sc.py", "/r/sc.py", hookplan.BLOCK, block),), {})
+
+    theirs = hookplan.FileState(hookplan.FILE, b"user = 1\n", 0o644)
+    plan = hookplan.plan_install([target("LL")], {"/r/sc.py": theirs}, {}, force=False, meta={})
+    record = json.loads(json.dumps(plan.records[0]))
+    del record["files"][0]["before"]["data_b64"]  # STATE/saved/SHA is gone (or unreadable)
+    now = plan.changes[0].after
+    again = hookplan.plan_install([target("Simple")], {"/r/sc.py": now}, {"python:/p": record}, force=False,
+                                  meta={})
+    assert again.changes[0].after.data.startswith(b"user = 1\n")  # the file's own lines are kept
+    undo = hookplan.plan_uninstall(list(again.records), {"/r/sc.py": again.changes[0].after}, force=False)
+    assert undo.refused and "saved copy of its original" in undo.refused[0] and not undo.changes

@@ -242,6 +242,8 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
             if prev is not None and _unchanged_since(cur, prev):
                 before = prev["before"]  # as recorded: what was there before commdiag first came
                 base = FileState.from_json(before)
+                if base.kind == FILE and base.data is None:
+                    base = cur  # its saved copy is unreadable: the file as it is (the block is replaced)
             else:
                 before = cur.to_json()
                 base = cur
