@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from commdiag import childpython
 from commdiag.environment import envcheck, propagation, pyprobe
 from commdiag.measure import launcher
 
@@ -133,6 +132,8 @@ def test_propagation_children_every_way(hostile, monkeypatch):
     assert os.getcwd() == str(hostile[0])  # the working folder is given back
     # the torchrun path: the agent as module_argv starts it (the real start: the sweep launch test),
     # in the private folder that holds its worker script (the worker's path begins there)
+    from commdiag import childpython
+
     calls = _capture_popen(monkeypatch)
     propagation.check_propagation({}, torchrun=True)
     argv, cwd = calls[-1]
@@ -155,6 +156,8 @@ def test_a_sweep_launch_agent_and_worker(hostile, tmp_path):
 
 
 def test_check_env_nccl_torchrun(hostile, monkeypatch):
+    from commdiag import childpython
+
     calls = _capture_popen(monkeypatch)
     with pytest.raises(_Started):
         envcheck.check_nccl({}, nproc=1)
@@ -167,6 +170,8 @@ def test_check_env_nccl_torchrun(hostile, monkeypatch):
 def test_module_argv_either_way(hostile, python, flag):
     if not os.path.exists(python):
         pytest.skip(f"no {python} here")
+    from commdiag import childpython
+
     _, marker = hostile
     cp = subprocess.run(childpython.module_argv("json.tool", ["--sort-keys"], python=python, safe_path_flag=flag),
                         input='{"b": 1, "a": 2}', capture_output=True, text=True, timeout=60)
