@@ -579,7 +579,13 @@ def p2p_cmd(as_json, html_out, from_json, size_mib, repeats, pair_timeout, min_f
               help="Also install commdiag's tuner plugin (compiled here) and these rules (a rules file, or a run "
                    "folder's certified winners) in commdiag's state directory, and set NCCL_TUNER_PLUGIN and "
                    "NCCL_TUNER_CONFIG_FILE to them.")
+@click.option("--cc", "cc", metavar="COMPILER",
+              help="With --tuner: the C compiler (default: $CC or cc; as root cc in /usr/bin or /bin, with "
+                   "no $PATH, $CC or compiler variables from your environment).")
 @click.option("--python", "python", metavar="PATH", help="Target interpreter (default: this one).")
+@click.option("--allow-user-owned", is_flag=True,
+              help="As root: a target whose files another user can change is refused (starting it would run "
+                   "their code as root); with this it is started as that user and installed into anyway.")
 @click.option("--method", type=click.Choice(["auto", "pth", "sitecustomize", "none"]), default=None,
               help="Python hook method; auto (the default) chooses from what detect finds; none: no Python hook. "
                    "With --systemd or --nccl-conf and no --python, the default is none: only what was asked for.")
@@ -600,14 +606,16 @@ def p2p_cmd(as_json, html_out, from_json, size_mib, repeats, pair_timeout, min_f
               help="Do not start the target interpreter after installing to check that every value arrives "
                    "(for a target that cannot run here, e.g. a staged --root).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, systemd_unit, systemd_env_file,
-                     nccl_conf, override, force, root, show_status, uninstall, all_installs, dry_run, python_flags,
-                     no_verify, as_json):
+def install_hook_cmd(from_dir, profile_path, sets, tuner_path, cc, python, allow_user_owned, method, systemd_unit,
+                     systemd_env_file, nccl_conf, override, force, root, show_status, uninstall, all_installs,
+                     dry_run, python_flags, no_verify, as_json):
     """Persist NCCL settings: a Python startup hook (.pth or sitecustomize), a systemd drop-in, nccl.conf."""
     from .install import hook
 
     if show_status and uninstall:
         raise click.UsageError("--status and --uninstall exclude each other")
+    if cc is not None and tuner_path is None:
+        raise click.UsageError("--cc names the compiler of --tuner's plugin; give it with --tuner")
     if tuner_path is not None and (show_status or uninstall):
         raise click.UsageError("--tuner installs; --status shows, and --uninstall removes, the tuner files with "
                                "the install that names them")
@@ -615,20 +623,22 @@ def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, s
         expected = None
         if from_dir or profile_path or sets:
             expected = hook.resolve_settings(from_dir, profile_path, sets, force=True).values
-        res = hook.status(python=python, flags=python_flags, root=root, expected=expected)
+        res = hook.status(python=python, flags=python_flags, root=root, expected=expected,
+                          allow_user_owned=allow_user_owned)
         _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res))
         sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
     if method is None:
         method = "none" if (systemd_unit or nccl_conf) and python is None else "auto"
     if uninstall:
         res = hook.uninstall(python=python, method=method, systemd_unit=systemd_unit, nccl_conf=nccl_conf,
-                             all_installs=all_installs, root=root, force=force, dry_run=dry_run)
+                             all_installs=all_installs, root=root, force=force, dry_run=dry_run,
+                             allow_user_owned=allow_user_owned)
     else:
-        tuner = hook.prepare_tuner(tuner_path, root) if tuner_path is not None else None
+        tuner = hook.prepare_tuner(tuner_path, root, cc) if tuner_path is not None else None
         settings = hook.resolve_settings(from_dir, profile_path, sets, force=force, tuner=tuner)
         req = hook.Request(settings, python=python, method=method, systemd_unit=systemd_unit,
                            systemd_env_file=systemd_env_file, nccl_conf=nccl_conf, override=override, force=force,
-                           root=root, tuner=tuner)
+                           root=root, tuner=tuner, allow_user_owned=allow_user_owned)
         res = hook.install(req, dry_run=dry_run, verify=not no_verify)
     _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_install(res))
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
@@ -645,14 +655,17 @@ def tuner_group() -> None:
               help="Folder for libnccl-tuner-commdiag.so (created if missing).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, path_type=Path),
               help="A rules file to check (as the plugin reads it) and name in NCCL_TUNER_CONFIG_FILE.")
+@click.option("--cc", "cc", metavar="COMPILER",
+              help="The C compiler (default: $CC or cc; as root cc in /usr/bin or /bin, with no $PATH, $CC "
+                   "or compiler variables from your environment).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def tuner_build_cmd(out_dir, rules_path, as_json):
+def tuner_build_cmd(out_dir, rules_path, cc, as_json):
     """Compile commdiag's tuner plugin with the system C compiler (cc, or $CC) and print the lines
     that make NCCL load it: NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE, absolute paths."""
     from .tuner import build, rules
 
     n_rules = len(rules.load(rules_path)) if rules_path is not None else None
-    res = build.build_result(out_dir)
+    res = build.build_result(out_dir, cc=cc)
     _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules))
     sys.exit(errors.EXIT_OK)
 

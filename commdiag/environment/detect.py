@@ -111,7 +111,8 @@ def detect(pythons=(), *, current: bool = True, nvml_readings: dict | None = Non
     targets = ([sys.executable] if current else []) + [p for p in pythons]
     for py in dict.fromkeys(targets):
         try:
-            reports.append(PythonReport(py, pyprobe.probe(py, cross_check=cross_check)))
+            # read-only: as root, a tree another user can change is probed as that user (trust.py)
+            reports.append(PythonReport(py, pyprobe.probe(py, cross_check=cross_check, allow_user_owned=True)))
         except CommdiagError as e:
             reports.append(PythonReport(py, None, str(e)))
     readings = nvml_readings

@@ -445,6 +445,8 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
     import subprocess
     import tempfile
 
+    from ..childpython import module_argv
+
     n = nproc or gpu_count()
     if n < 1:
         raise CommdiagError("check-env --nccl needs CUDA GPUs and a CUDA build of torch, and this machine has "
@@ -467,10 +469,11 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
     with tempfile.TemporaryDirectory(prefix="commdiag-nccl-") as d:
         script = Path(d, "nccl_worker.py")
         script.write_text(_NCCL_WORKER)
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={n}", "--max-restarts=0", str(script), *map(str, sizes)]
+        argv = module_argv("torch.distributed.run", ["--standalone", "--nnodes=1", f"--nproc-per-node={n}",
+                                                     "--max-restarts=0", str(script), *map(str, sizes)])
+        # cwd: a Python child puts its working folder first on its path; this one holds only the worker
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=d)
         try:
             out, _ = proc.communicate(timeout=NCCL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
