@@ -23,12 +23,12 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 
 from .. import PACKAGE_PARENT
+from ..childpython import child_env, isolated_argv
 from ..errors import CommdiagError
 from ..measure.launcher import KILL_GRACE_S, MARKER, kill_marked, marked_pids, new_marker
 from .probe import jobs_for
@@ -58,14 +58,15 @@ class Supervised:
 
 
 # ``python -m`` would put the current folder first on sys.path: a ``commdiag/`` there (as root, in a
-# folder another user can write) would run instead.  So the probe starts with -c, makes this very
-# commdiag's parent folder sys.path[0] before any import, and runs in "/".
-PROBE_CODE = ("import sys; sys.path[0] = sys.argv[1]; from commdiag.p2p.probe import main; "
+# folder another user can write) would run instead.  So the probe starts isolated (-I: no folder on
+# the path, no PYTHON* variables, no user site; childpython.py), puts this very commdiag's parent
+# folder first on sys.path before any import, and runs in "/".
+PROBE_CODE = ("import sys; sys.path.insert(0, sys.argv[1]); from commdiag.p2p.probe import main; "
               "sys.exit(main(sys.argv[2:]))")
 
 
 def probe_argv(fd: int, plan: dict) -> list[str]:
-    return [sys.executable, "-c", PROBE_CODE, PACKAGE_PARENT, "--fd", str(fd), "--plan", json.dumps(plan)]
+    return isolated_argv(PROBE_CODE, [PACKAGE_PARENT, "--fd", str(fd), "--plan", json.dumps(plan)])
 
 
 class _Probe:
@@ -130,7 +131,7 @@ class _Probe:
 def supervise(settings: dict, job_timeout_s: float, start_timeout_s: float = START_TIMEOUT_S,
               env: dict | None = None, on_job=None) -> Supervised:
     """Run every job of every visible GPU under its deadline; ``on_job(JobOutcome)`` as each ends."""
-    env = dict(os.environ if env is None else env)
+    env = child_env(None if env is None else dict(env))
     marker = new_marker()
     res = Supervised()
     jobs: list[str] | None = None
