@@ -207,8 +207,9 @@ def _evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, st
     total = certify.total_rounds(plan)
     if not any(c.reachable for c in certs):
         need = max(c.rounds_to_certify or 0 for c in certs)
+        asked = total or plan.get("rounds_requested") or 0  # nothing launched: the rounds that were asked for
         return Verdicts(scr, NOT_CERTIFIABLE,
-                        f"{total} rounds cannot reach p <= {plan['looks'][-1]['threshold']:.2g} for any claim; "
+                        f"{asked} rounds cannot reach p <= {plan['looks'][-1]['threshold']:.2g} for any claim; "
                         f"{need} rounds can: commdiag confirm {run_dir_hint(run)} --rounds {max(1, need - total)}",
                         plan, tuple(certs), tuple(winners), tuple(sizes))
     note = (f"{sum(c.certified for c in certs)} of {len(certs)} claims certified; stage 2: {total} rounds"

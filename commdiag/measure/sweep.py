@@ -473,9 +473,10 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
     lines = []
     if len(cannot) == len(claims):
         need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
-        lines.append(f"stage 2 (confirmation, look {look['look']}): not certifiable with this plan: {total} rounds "
+        asked = total or plan.get("rounds_requested") or 0  # a first look that launched nothing: what was asked
+        lines.append(f"stage 2 (confirmation, look {look['look']}): not certifiable with this plan: {asked} rounds "
                      f"cannot reach p <= {thr:.2g} for any of its {len(claims)} claim(s) (smallest p of the paired "
-                     f"test with {total} rounds: {paired.smallest_p(total, cannot[0].alternative):.2g}); nothing "
+                     f"test with {asked} rounds: {paired.smallest_p(asked, cannot[0].alternative):.2g}); nothing "
                      f"is launched. {need} rounds can: confirm.rounds: auto in the spec, or commdiag confirm "
                      f"RUN_DIR --rounds {max(1, need - total)}")
     else:
