@@ -202,3 +202,19 @@ def test_extending_an_unfinished_confirmation_is_refused_and_a_further_look_stat
     certify.add_look(plan, 6, "t2")
     text = sweep._confirm_plan_text({"launches": []}, plan, 6)
     assert "family-wise error rate is now at most 1.50%" in " ".join(text.lines)
+
+
+def test_a_run_folder_without_its_launch_folders_is_not_extended(tmp_path):
+    # an archived or committed run keeps run.json and samples.csv only; confirm rebuilds samples.csv from
+    # launches/NNNN/result.json, so extending it would silently drop every earlier launch
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "runs" / "cpu-aa-b", run_dir)
+    run = json.loads((run_dir / "run.json").read_text())
+    claims = [certify.Claim("aa", "eager", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
+    run["confirmation"] = certify.confirmation_plan(claims, None, len(run["launches"]), "t")
+    (run_dir / "run.json").write_text(json.dumps(run))
+    proc = run_cli("confirm", run_dir, "--rounds", "3")
+    assert proc.returncode == 2 and "cannot be extended without losing their samples" in proc.stderr
+    assert json.loads((run_dir / "run.json").read_text()) == run  # nothing written

@@ -308,6 +308,12 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepRe
         if not plan.get("claims"):
             raise CommdiagError(f"{run_dir}: stage 2 has no claims to extend (screening found no candidate)")
         _check_further_look(run_dir, plan, rounds)
+        kept = [l for l in run["launches"] if l.get("status") in (results.OK, results.TIMEOUT)
+                and not (results.launch_dir(run_dir, l["index"]) / "result.json").is_file()]
+        if kept:  # samples.csv is rebuilt from the launch folders: extending would lose these launches
+            raise CommdiagError(f"{run_dir}: {len(kept)} finished launch(es) have no launches/NNNN/result.json "
+                                f"(launch {kept[0]['index']} first): this run folder cannot be extended without "
+                                "losing their samples; run the spec afresh instead")
         if plan.get("test") != certify.PAIRED_TEST:  # confirmed before the paired test: judged the paired way now
             plan.update(version=certify.CONFIRMATION_VERSION, test=certify.PAIRED_TEST,
                         upgraded_from=plan.get("version", 1))
