@@ -340,8 +340,8 @@ def test_vectorised_rule_matches_the_library(model, shape, named, ratio, mixed):
                                for l in run["launches"][configs * K1:]]
             for l in run["launches"]:
                 c = names.index(l["config"])
-                values += [stats.LaunchValue(l["config"], l["index"], sizes[s], "graph", float(x2[r, c, l["round"], s]), 2)
-                           for s in range(len(tokens))]
+                values += [stats.LaunchValue(l["config"], l["index"], sizes[s], "graph",
+                                             float(x2[r, c, l["round"], s]), 2) for s in range(len(tokens))]
         v = verdict.evaluate(values, run, {})
         got = sorted((names.index(c.claim.config), c.claim.band, c.result) for c in v.certifications if c.certified)
         assert got == sorted(certified[r]), (model, shape, r)

@@ -218,3 +218,17 @@ def test_a_run_folder_without_its_launch_folders_is_not_extended(tmp_path):
     proc = run_cli("confirm", run_dir, "--rounds", "3")
     assert proc.returncode == 2 and "cannot be extended without losing their samples" in proc.stderr
     assert json.loads((run_dir / "run.json").read_text()) == run  # nothing written
+
+
+def test_the_start_banner_warns_when_confirm_rounds_may_be_too_few(tmp_path):
+    # confirm.rounds: 9 reaches seed's 2 two-sided claims (2/2^9 <= 0.005), not a family of 4 (a screening
+    # candidate in each band as well: 0.0025)
+    spec = load_spec(write_spec(tmp_path / "s.yaml", sizes={"hidden": 256, "tokens": [1, 256]},
+                                configs={"seed": {}, "y": {}}, confirm={"configs": ["seed"], "rounds": 9}))
+    assert sweep._spec_families(spec) == (2, 4, stats.TWO_SIDED)
+    sweep._check_confirm_rounds(spec, False)  # the fewest claims are reachable: no refusal
+    run = {"launches": [{"index": 0, "config": "default", "stage": 1, "status": "pending"}],
+           "configs": [{"name": n} for n in ("default", "seed", "y")], "confirm_requested": True}
+    lines = sweep._start_banner(spec, run, tmp_path / "r").lines
+    assert len(lines) > 1 and "confirm.rounds: 9 is too few if screening adds every claim it can (4)" in " ".join(
+        l.strip() for l in lines) and max(len(l) for l in lines) <= 100

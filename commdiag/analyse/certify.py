@@ -145,7 +145,7 @@ def total_rounds(plan: dict, looks: int | None = None) -> int:
     return sum(lk["rounds"] for lk in plan.get("looks", [])[:looks])
 
 
-def _spent(plan: dict, look: int) -> bool:
+def look_spent(plan: dict, look: int) -> bool:
     """Could look ``look`` (1-based) certify anything: did its rounds in all reach its threshold?"""
     lk = plan["looks"][look - 1]
     rounds = total_rounds(plan, look)
@@ -154,7 +154,7 @@ def _spent(plan: dict, look: int) -> bool:
 
 def next_threshold(plan: dict) -> float:
     """The threshold of the next look: ALPHA/M halved once per earlier look that spent (module docstring)."""
-    spent = sum(_spent(plan, i + 1) for i in range(len(plan.get("looks", []))))
+    spent = sum(look_spent(plan, i + 1) for i in range(len(plan.get("looks", []))))
     return threshold(plan.get("alpha", ALPHA), plan.get("family_size", 0), spent + 1)
 
 
@@ -269,7 +269,8 @@ class Certification:
     def details(self) -> list[str]:
         """The statistics behind the headline, one phrase each."""
         if self.p is None:
-            return [self.note or "no complete round of both configs"] + ([] if self.reachable else [self._unreachable()])
+            out = [self.note or "no complete round of both configs"]
+            return out if self.reachable else out + [self._unreachable()]
         out = [self._evidence()]
         if not self.certified and not self.reachable:
             out.append(self._unreachable())

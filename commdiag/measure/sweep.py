@@ -496,7 +496,8 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
             lines.append(f"  not certifiable with this plan: {', '.join(sorted({c.config for c in cannot}))} "
                          f"(tested either way) would need {need} rounds; not launched")
     if look["look"] > 1:
-        spent = sum(lk["threshold"] for i, lk in enumerate(plan["looks"]) if certify._spent(plan, i + 1)) * len(claims)
+        spent = len(claims) * sum(lk["threshold"] for i, lk in enumerate(plan["looks"])
+                                  if certify.look_spent(plan, i + 1))
         lines.append(f"  a further look at the same claims: the run's family-wise error rate is now at most "
                      f"{spent:.2%} (each look that could certify spends its threshold x {len(claims)} claims)")
     for c in claims:
