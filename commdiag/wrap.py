@@ -15,5 +15,7 @@ def wrapped(lines, width: int = WIDTH) -> list[str]:
             out.append(line)
             continue
         lead = line[: len(line) - len(line.lstrip(" "))]
-        out += textwrap.wrap(line, width, subsequent_indent=lead + "    ", break_on_hyphens=False)
+        # a word longer than the width (a path) stays whole: it must still copy and paste
+        out += textwrap.wrap(line, width, subsequent_indent=lead + "    ", break_on_hyphens=False,
+                             break_long_words=False)
     return out

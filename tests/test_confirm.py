@@ -24,7 +24,8 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     out = tmp_path / "aa"
     # stage 1 only
     proc = run_cli("sweep", CPU_AA, "--out", out, *SMALL, "--no-confirm", "--json")
-    assert proc.stderr.startswith(f"run folder {out}: 6 launches to run (6 screening: 2 configs x 3 trials)")
+    assert " ".join(proc.stderr.split()).startswith(f"run folder {out}: 6 launches to run (6 screening: 2 configs "
+                                                    "x 3 trials)")  # wrapped at 100 columns
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     assert data["verdicts"]["status"] == verdict.SCREENING_ONLY and "--no-confirm" in data["verdicts"]["status_note"]
