@@ -51,7 +51,7 @@ def winner_lines(verdicts, winner) -> list[str]:
     if winner.config is None or not winner_confounded(verdicts, winner):
         return []
     return _wrap(f"but confounded (the machine differed between its arms, above): check the machine and run "
-                 f"the sweep again before installing {winner.config}", "  ")
+                 f"the sweep again before installing {winner.config} (no profile was written)", "  ")
 
 
 def summary_lines(verdicts) -> list[str]:

@@ -537,17 +537,18 @@ def write_profiles(run_dir: str | Path, verdicts: verdict.Verdicts, run: dict) -
     run_dir = Path(run_dir)
     created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     plan = verdict.profile_plan(verdicts, run, str(run_dir), created)
+    first = next(iter(verdicts.bands), None)
+    # A confounded winner (the machine differed between its arms in stage 2) gets no profile: nothing to
+    # install until a clean rerun certifies it (the verdict line says so); never silently certified.
+    plan = {name: v for name, v in plan.items()
+            if not machinereport.profile_note(verdicts, first if name == "profile.env"
+                                              else name[len("profile-"):-len(".env")])}
     for old in run_dir.glob("profile*.env"):
         # only regular files are read (a FIFO named profile-x.env would block the read forever)
         if old.name not in plan and old.is_file() and not old.is_symlink() \
                 and old.read_text(errors="replace").startswith(profile.PROFILE_HEADER):
             old.unlink()
-    first = next(iter(verdicts.bands), None)
     for name, (settings, meta) in plan.items():
-        band = first if name == "profile.env" else name[len("profile-"):-len(".env")]
-        why = machinereport.profile_note(verdicts, band)
-        if why:  # never silently certified: the file itself says so
-            meta = {**meta, "confounded": why}
         profile.save(run_dir / name, profile.Profile(settings, meta))
     return tuple(plan)
 
