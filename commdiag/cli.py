@@ -204,7 +204,7 @@ def _print_plan(plan) -> None:
 
 def _finish_run(res, as_json: bool) -> None:
     """What sweep and confirm print at the end: the table, the two-stage answer, report and profiles."""
-    from .analyse import report
+    from .analyse import report, verdict
     from .formats import results
 
     data = results.load_run(res.run_dir)
@@ -212,7 +212,7 @@ def _finish_run(res, as_json: bool) -> None:
     pub = report.publish(res.run_dir, data) if res.state == "complete" else None
     step = _step_table(data)
     if as_json:
-        _echo(json.dumps({"format": "commdiag-sweep-result", "version": 2, "run_dir": str(res.run_dir),
+        _echo(json.dumps({"format": "commdiag-sweep-result", "version": verdict.VERDICTS_VERSION, "run_dir": str(res.run_dir),
                                "state": res.state, "launches": res.counts,
                                "summary": json.loads(data.summary.to_json(orient="records")),
                                "verdicts": pub.verdicts.to_json() if pub else None,
@@ -241,8 +241,9 @@ def _finish_run(res, as_json: bool) -> None:
 @main.command("confirm", short_help="Stage 2 of a run: confirm its candidates on fresh launches.")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--rounds", type=click.IntRange(3, 200), default=None,
-              help="Rounds of stage 2 (default: the fewest that can certify, at least 6). On a confirmed run: "
-                   "add this many rounds (a further look, tested at half the previous threshold).")
+              help="Rounds of stage 2 (default: the fewest at which the paired test can certify every claim). "
+                   "On a confirmed run: add this many rounds (a further look, tested at half the previous "
+                   "threshold).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 def confirm_cmd(run_dir, rounds, as_json):
     """Stage 2 on an existing run: confirm the screening's candidates on fresh launches (or finish or extend it)."""
@@ -311,13 +312,14 @@ def report_cmd(run_dir, out, as_json):
 
     if out is not None:
         check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
+    from .analyse import verdict
     from .formats import results
 
     data = results.load_run(run_dir)  # once: the report and the step table read the same run
     path, verdicts = report.write_report(run_dir, out, data=data)
     step = _step_table(data)
     if as_json:
-        _echo(json.dumps({"format": "commdiag-verdicts", "version": 2, "run_dir": str(run_dir),
+        _echo(json.dumps({"format": "commdiag-verdicts", "version": verdict.VERDICTS_VERSION, "run_dir": str(run_dir),
                                "report": str(path), "verdicts": verdicts.to_json(),
                                **({"step": step[1]} if step else {})}, indent=1))
     else:

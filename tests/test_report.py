@@ -116,7 +116,7 @@ def make_run(folder: Path, table: dict, modes=("graph", "eager"), configs: dict 
     return folder
 
 
-def add_stage2(folder: Path, fresh: dict[str, float], confirm: tuple[str, ...] = (), rounds: int = 6,
+def add_stage2(folder: Path, fresh: dict[str, float], confirm: tuple[str, ...] = (), rounds: int | None = None,
                iters: int = 5) -> dict:
     """Plan stage 2 with commdiag's own screening of ``folder`` and append its rounds: each config's
     fresh launches at ``fresh[config]`` x a small per-round wobble (graph mode, every size)."""
@@ -131,7 +131,7 @@ def add_stage2(folder: Path, fresh: dict[str, float], confirm: tuple[str, ...] =
     tokens = {s["bytes"]: s["tokens"] for s in run["spec"]["sizes"]}
     rows = []
     wobble = [1.0, 1.01, 0.995, 1.005, 0.99, 1.008, 0.997, 1.003]
-    for r in range(rounds):
+    for r in range(plan["looks"][0]["rounds"]):
         for c in plan["configs"]:
             idx = len(run["launches"])
             run["launches"].append({"index": idx, "config": c, "trial": 100 + r, "stage": 2, "round": r,

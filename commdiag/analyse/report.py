@@ -48,6 +48,7 @@ from . import stats, verdict
 from ..formats import results
 from .screening import band_text
 from ..atomic import write_text
+from ..wrap import wrapped
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -315,8 +316,9 @@ def _certified_section(verdicts: verdict.Verdicts) -> str:
     if verdicts.certifications:
         plan = verdicts.confirmation or {}
         out.append(f"<p>Stage 2: {esc(sum(lk['rounds'] for lk in plan.get('looks', [])))} fresh rounds of default "
-                   f"and every claimed config; exact Wilcoxon-Mann-Whitney on band values; family of "
-                   f"{esc(verdicts.family_size)} claim(s) at {verdicts.alpha:.0%}.</p>")
+                   f"and every claimed config, shuffled within each round; per claim the exact Wilcoxon signed-rank "
+                   f"test on the rounds' log-ratios (config vs default in the same round) and their Hodges-Lehmann "
+                   f"ratio; family of {esc(verdicts.family_size)} claim(s) at {verdicts.alpha:.0%}.</p>")
         rows = []
         for c in verdicts.certifications:
             cls = c.result.replace(" ", "-") if c.certified else "inconclusive"
@@ -382,7 +384,8 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
                   run.get("created_utc"), run.get("state"), ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))]]),
          "<p>Verdicts come in two stages (README, Verdicts). Stage 1, screening: the interleaved trials give "
          "estimates per config, size and band, with every launch's value; they pick the claims. Stage 2, "
-         "confirmation: fresh rounds of default and the claimed configs, an exact rank test per claim; only a "
+         "confirmation: fresh rounds of default and the claimed configs, an exact paired test per claim on "
+         "the log-ratios within each round; only a "
          "certified claim says faster or slower or makes a profile.</p>"]
     if verdicts.warnings or run.get("warnings"):
         b.append("<ul class=\"warn\">" + "".join(f"<li>{esc(w)}</li>" for w in
@@ -564,7 +567,7 @@ def render_verdicts(verdicts: verdict.Verdicts) -> str:
     lines.append("")
     lines.append(f"confirmation (stage 2): {verdicts.status}: {verdicts.status_note}")
     for c in verdicts.certifications:
-        lines.append(f"  {c.claim.config} {c.claim.where} ({c.claim.mode}): {c.text}")
+        lines += c.lines("  ")
     if verdicts.status in (verdict.SCREENING_ONLY, verdict.PENDING):
         lines.append("no winner yet: nothing is certified before stage 2 (keep NCCL defaults meanwhile)")
     else:
@@ -577,13 +580,13 @@ def render_verdicts(verdicts: verdict.Verdicts) -> str:
         lines.append(f"per-size certification (--certify-sizes): {len(done)} of {len(verdicts.size_certifications)} "
                      f"config x size claims certified (each at p <= {verdicts.size_certifications[0].threshold:.2g})")
         for c in done:
-            lines.append(f"  {c.claim.config} at {c.claim.where}: {c.text}")
+            lines += c.lines("  ")
     for c, why in verdicts.excluded.items():
         if c != stats.DEFAULT:  # default is the reference, never a candidate; its failures are listed anyway
             lines.append(f"never a winner: {c} ({why})")
     for w in verdicts.warnings:
         lines.append(f"warning: {w}")
-    return "\n".join(lines)
+    return "\n".join(wrapped(lines))
 
 
 def _fit(name: str, width: int) -> str:

@@ -600,7 +600,7 @@ MAX_CONFIRM_ROUNDS = 200
 
 def _resolve_confirm(path, confirm: dict | None, configs) -> tuple[tuple[str, ...], int | None]:
     """``confirm: {configs: [seed], rounds: 8}``: configs stage 2 answers either way, and a fixed
-    number of confirmation rounds (default: the fewest that can certify, at least 6)."""
+    number of confirmation rounds (default: the fewest at which the paired test can certify every claim)."""
     if not confirm:
         return (), None
     for key in confirm:

@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__, metadata
-from ..analyse import certify, stats, verdict
+from ..analyse import certify, paired, stats, verdict
+from ..analyse.stats import LESS, TWO_SIDED
 from . import launcher, runlock
 from ..formats import results
 from ..errors import CommdiagError
+from ..wrap import wrapped
 from ..formats.spec import Spec, launch_order
 
 TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
@@ -214,6 +216,8 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
     else:
         assert spec is not None
         _check_reuse(spec, base_env)
+        if confirm:
+            _check_confirm_rounds(spec, certify_sizes)
         nproc = preflight(spec)
         if certify_sizes:
             spec, plan = _certify_sizes_plan(spec)
@@ -237,6 +241,36 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
         run["state"] = "running"
         _reap(run, run_dir)
         return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+
+
+def _spec_families(spec: Spec) -> tuple[int, int, str]:
+    """(fewest, most) claims stage 2 of ``spec`` can make, and the sidedness of the fewest: every named
+    config (confirm.configs) in every band with sizes, two-sided; a screening candidate per band."""
+    from ..analyse.screening import in_band
+
+    bands = sum(1 for rng in spec.bands.values() if any(in_band(s.tokens, rng) for s in spec.sizes))
+    named = len(spec.confirm_configs)
+    unnamed = len(spec.configs) - 1 - named
+    most = bands * (named + (1 if unnamed > 0 else 0))
+    return (bands * named, most, TWO_SIDED) if named else (min(1, most), most, LESS)
+
+
+def _check_confirm_rounds(spec: Spec, certify_sizes: bool) -> None:
+    """Before any launch: a fixed confirm.rounds that cannot certify even the spec's fewest claims is refused."""
+    if not spec.confirm_rounds:
+        return
+    fewest, _, alt = _spec_families(spec)
+    if not fewest:
+        return
+    thr = (stats.ALPHA / 2 if certify_sizes else stats.ALPHA) / fewest
+    if paired.smallest_p(spec.confirm_rounds, alt) > thr:
+        from ..errors import SpecError
+
+        raise SpecError(spec.path, "confirm.rounds",
+                        f"not certifiable with this plan: {spec.confirm_rounds} rounds give the paired within-round "
+                        f"test a smallest p of {paired.smallest_p(spec.confirm_rounds, alt):.2g}, and this spec's "
+                        f"{fewest} claim(s) each need p <= {thr:.2g}; set confirm.rounds: "
+                        f"{paired.rounds_to_reach(thr, alt)} (or auto), or run with --no-confirm for screening only")
 
 
 def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str] | None = None,
@@ -271,11 +305,12 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepRe
     plan = run.get("confirmation")
     pending2 = any(l["status"] == results.PENDING for l in run["launches"] if l.get("stage") == 2)
     if plan and not pending2:
-        if rounds is None:
-            raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
-                                "extend it: a further look is tested at half the previous threshold")
         if not plan.get("claims"):
             raise CommdiagError(f"{run_dir}: stage 2 has no claims to extend (screening found no candidate)")
+        _check_further_look(run_dir, plan, rounds)
+        if plan.get("test") != certify.PAIRED_TEST:  # confirmed before the paired test: judged the paired way now
+            plan.update(version=certify.CONFIRMATION_VERSION, test=certify.PAIRED_TEST,
+                        upgraded_from=plan.get("version", 1))
         certify.add_look(plan, rounds, _utc())
         _add_rounds(run, plan, spec, rounds)
         if on_plan:
@@ -325,7 +360,15 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
     line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
             + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
             + f", about {len(pending) * per / 60:.1f} min at ~{per:.0f} s a launch{then}")
-    return StagePlan("start", len(pending), len(pending) * per, (line,))
+    lines = [line]
+    if spec.confirm_rounds and then:
+        _, most, _ = _spec_families(spec)
+        thr = (stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA) / max(most, 1)
+        if most and paired.smallest_p(spec.confirm_rounds, TWO_SIDED if spec.confirm_configs else LESS) > thr:
+            lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
+                         f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
+                         "the rounds every claim needs)")
+    return StagePlan("start", len(pending), len(pending) * per, tuple(wrapped(lines)))
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress) -> bool:
@@ -394,6 +437,28 @@ def _stage2_measure(spec: Spec, claims, band_sizes: dict) -> dict:
     return {"modes": modes, "vias": vias, "sizes": sizes or [s.bytes for s in spec.sizes]}
 
 
+def _check_further_look(run_dir: Path, plan: dict, rounds: int | None) -> None:
+    """Before any launch of a further look: refuse one whose rounds in all cannot reach its threshold."""
+    claims = certify.claims_of(plan)
+    total = certify.total_rounds(plan)
+    thr = certify.next_threshold(plan)
+    need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
+    least = min(paired.rounds_to_reach(thr, c.alternative) for c in claims)
+    if rounds is None:
+        if certify.unreachable(plan) == claims:
+            raise CommdiagError(f"{run_dir}: not certifiable with this plan ({total} rounds); give --rounds "
+                                f"{max(1, need - total)} to add the rounds the paired test needs "
+                                f"(p <= {thr:.2g})")
+        raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
+                            "extend it: a further look is tested at half the previous threshold")
+    if total + rounds < least:
+        raise CommdiagError(f"{run_dir}: --rounds {rounds}: with {total + rounds} rounds in all the paired "
+                            f"within-round test cannot reach this look's p <= {thr:.2g} for any claim "
+                            f"(smallest p: {paired.smallest_p(total + rounds, claims[0].alternative):.2g}); "
+                            f"--rounds {least - total} can" + (f" ({need - total} for every claim)"
+                                                               if need > least else ""))
+
+
 def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
     claims = certify.claims_of(plan)
     if not claims:
@@ -403,25 +468,52 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
     n = rounds * len(plan["configs"])
     wall = _mean_wall(run)
     look = plan["looks"][-1]
-    lines = [f"stage 2 (confirmation, look {look['look']}): {rounds} fresh rounds x {len(plan['configs'])} configs "
-             f"= {n} launches" + (f", at most about {n * wall / 60:.1f} min ({wall:.1f} s a stage-1 launch; stage 2 measures less)"
-                if wall else "")
-             + f"; {len(claims)} claim(s), each must reach p <= {look['threshold']:.2g}"]
-    alt = "two-sided" if any(c.alternative == "two-sided" for c in claims) else "less"
-    total = sum(lk["rounds"] for lk in plan["looks"])
-    if stats.smallest_p(total, total, alt) > look["threshold"]:
-        lines.append(f"  warning: with {total} rounds the exact test cannot reach p <= {look['threshold']:.2g} at all "
-                     f"(smallest attainable {stats.smallest_p(total, total, alt):.2g}): nothing can be certified; "
-                     f"{stats.launches_to_reach(look['threshold'], alt)} rounds could")
+    thr, total = look["threshold"], certify.total_rounds(plan)
+    cannot = certify.unreachable(plan)
+    lines = []
+    if len(cannot) == len(claims):
+        need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
+        lines.append(f"stage 2 (confirmation, look {look['look']}): not certifiable with this plan: {total} rounds "
+                     f"cannot reach p <= {thr:.2g} for any of its {len(claims)} claim(s) (smallest p of the paired "
+                     f"test with {total} rounds: {paired.smallest_p(total, cannot[0].alternative):.2g}); nothing "
+                     f"is launched. {need} rounds can: confirm.rounds: auto in the spec, or commdiag confirm "
+                     f"RUN_DIR --rounds {max(1, need - total)}")
+    else:
+        lines.append(f"stage 2 (confirmation, look {look['look']}): {rounds} fresh rounds x {len(plan['configs'])} "
+                     f"configs = {n} launches" + (f", at most about {n * wall / 60:.1f} min ({wall:.1f} s a stage-1 "
+                                                   "launch; stage 2 measures less)" if wall else "")
+                     + f"; {len(claims)} claim(s), each must reach p <= {thr:.2g}")
+        lines.append("  " + _why_rounds(claims, total, thr))
+        if cannot:
+            need = max(paired.rounds_to_reach(thr, c.alternative) for c in cannot)
+            lines.append(f"  not certifiable with this plan: {', '.join(sorted({c.config for c in cannot}))} "
+                         f"(tested either way) would need {need} rounds; not launched")
     if look["look"] > 1:
-        spent = sum(lk["threshold"] for lk in plan["looks"]) * len(claims)
+        spent = sum(lk["threshold"] for i, lk in enumerate(plan["looks"]) if certify._spent(plan, i + 1)) * len(claims)
         lines.append(f"  a further look at the same claims: the run's family-wise error rate is now at most "
-                     f"{spent:.2%} (each look spends its threshold x {len(claims)} claims)")
+                     f"{spent:.2%} (each look that could certify spends its threshold x {len(claims)} claims)")
     for c in claims:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
         lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
                      f"default in {c.where}, {c.mode} mode{scr} [{c.reason}]")
-    return StagePlan("confirm", n, n * wall if wall else None, tuple(lines))
+    return StagePlan("confirm", n, n * wall if wall else None, tuple(wrapped(lines)))
+
+
+def _why_rounds(claims, total: int, thr: float) -> str:
+    """Why this many rounds: the paired test's smallest p with k rounds is 1/2^k (2/2^k two-sided)."""
+    alt = TWO_SIDED if any(c.alternative == TWO_SIDED for c in claims) else LESS
+    k = paired.rounds_to_reach(thr, alt)
+    num = "2" if alt == TWO_SIDED else "1"
+    why = (f"why {total} rounds: the paired within-round test's smallest p with k rounds is {num}/2^k "
+           f"({'two-sided' if alt == TWO_SIDED else 'one-sided'} claims); {num}/2^{k} = "
+           f"{paired.smallest_p(k, alt):.2g} <= {thr:.2g}")
+    if k > 1:
+        why += f", {num}/2^{k - 1} = {paired.smallest_p(k - 1, alt):.2g} is not"
+    if total > k:
+        why += f"; {total} rounds leave room for {total - k} rounds of opposite sign or small ranks"
+    return why
+
+
 
 
 def _add_rounds(run: dict, plan: dict, spec: Spec, rounds: int) -> None:
