@@ -22,11 +22,11 @@ import random
 import signal
 import sys
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def serve(port: int, mode: str) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # only what this side needs: starts fast
+
     rate = float(os.environ.get("TOY_RATE", "1000"))
     noise = float(os.environ.get("TOY_NOISE", "0.01"))
     factor = math.exp(random.SystemRandom().gauss(0.0, noise)) if noise > 0 else 1.0
@@ -71,6 +71,8 @@ def serve(port: int, mode: str) -> None:
 
 
 def client(port: int, requests: int, tokens: int, output_file: str | None) -> int:
+    import urllib.request
+
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     services, t0 = [], time.perf_counter()
     for _ in range(requests):

@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from ..analyse import paired, stats
 
-SIM_DRAWS = 2000
+SIM_DRAWS = 1000
 SIM_MAX = 40
 SIM_SEED = 20261201
 TARGET = 0.80  # "about N rounds": 80% chance of the verdict
@@ -128,27 +128,36 @@ def _needed(sd: float | None, effect: float, delta: float, tail: float) -> int |
     ``sd``: equivalence when |effect| is inside the margin, a difference when beyond it."""
     if sd is None:
         return None
-    return rounds_for(round(sd, 5), round(abs(effect), 5), round(math.log(1 + delta), 6),
+    # two significant digits of the noise and effect: the answer is "about N", and the cache then hits
+    return rounds_for(float(f"{sd:.2g}"), float(f"{abs(effect):.2g}"), round(math.log(1 + delta), 6),
                       round(-math.log(1 - delta), 6), tail)
 
 
 @lru_cache(maxsize=512)
 def rounds_for(sd: float, effect: float, edge_up: float, edge_down: float, tail: float) -> int | None:
+    from scipy.stats import norm
+
     n0 = max(2, paired.rounds_to_reach(2 * tail, stats.TWO_SIDED))
     equivalence = effect < edge_up
     margin = (edge_up - effect) if equivalence else (effect - edge_up)
-    if margin <= 0.002 * max(sd, 1e-9) or margin <= 1e-6:
+    if margin <= 1e-6:
         return None  # the effect sits on the margin: no number of rounds decides it reliably
     if sd <= 0:
         return n0
-    for n in range(n0, SIM_MAX + 1):
-        if decision_rate(sd, effect, edge_up, edge_down, tail, n, equivalence) >= TARGET:
-            return n
-    from scipy.stats import norm
-
     z = norm.isf(tail) + norm.ppf(1 - (1 - TARGET) / (2 if equivalence and effect == 0 else 1))
-    n = math.ceil(math.pi / 3 * (z * sd / margin) ** 2)
-    return max(n, SIM_MAX + 1) if n < 10 ** 7 else None
+    rough = math.pi / 3 * (z * sd / margin) ** 2
+    if rough > 10 ** 7:
+        return None
+    if rough > 2 * SIM_MAX or decision_rate(sd, effect, edge_up, edge_down, tail, SIM_MAX, equivalence) < TARGET:
+        return max(math.ceil(rough), SIM_MAX + 1)  # beyond the simulated range: the normal approximation
+    lo, hi = n0, SIM_MAX
+    while lo < hi:  # bisect: the chance of a decision grows with the rounds (small steps aside)
+        mid = (lo + hi) // 2
+        if decision_rate(sd, effect, edge_up, edge_down, tail, mid, equivalence) >= TARGET:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
 
 
 @lru_cache(maxsize=64)
