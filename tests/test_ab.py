@@ -117,7 +117,7 @@ def test_nccl_proof_reads_the_servers_log(tmp_path):
 
 
 def test_ctrl_c_then_resume_finishes_the_run(tmp_path):
-    slow = ["{python}", "-c", "import os,time; time.sleep(0.4); print('toks:', os.environ['VALUE'])"]
+    slow = ["{python}", "-c", "import os,time; time.sleep(0.1); print('toks:', os.environ['VALUE'])"]
     path = _spec(tmp_path, command=slow, metrics=[TOKS], rounds=8,
                  base_env={"VALUE": "100"}, configs={"b": {"VALUE": "130"}})
     out = tmp_path / "run"
