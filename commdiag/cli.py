@@ -46,7 +46,7 @@ class _Group(click.Group):
     any other exception is one line naming what failed (exit 2), its traceback behind --debug.
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
-    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "report", "compare", "explain", "install-hook", "tuner",
+    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "ab", "report", "compare", "explain", "install-hook", "tuner",
              "check-env", "detect")
 
     def list_commands(self, ctx):
@@ -236,6 +236,66 @@ def _finish_run(res, as_json: bool) -> None:
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
+
+
+@main.command("ab", short_help="Certified A/B of your own benchmark: better, worse, equivalent?",
+              context_settings={"ignore_unknown_options": True})
+@click.argument("spec_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a spec key, e.g. --set rounds=10.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path),
+              help="Run folder (default: reports/<UTC timestamp>-ab-<name>/).")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Continue an interrupted ab run folder; finished launches are not redone.")
+@click.option("--config", "configs", multiple=True, metavar="NAME=PROFILE",
+              help="One-line form: an arm from a profile.env (repeatable); the command follows --.")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME:higher|lower:REGEX | PRESET:FIELD",
+              help="One-line form: a metric from the command's stdout, or a preset's field (repeatable).")
+@click.option("--rounds", default=None, help="One-line form: rounds (default auto).")
+@click.option("--min-effect", type=float, default=None, help="One-line form: smallest change worth it (0.03).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_effect, as_json):
+    """Run your own benchmark command (and server) per NCCL config, interleaved in shuffled rounds, and
+    certify each metric against default: better, worse, equivalent within min_effect, or inconclusive
+    with the rounds that would decide it (docs/ab.md)."""
+    from .ab import render, runner, spec as ab_spec
+
+    quick = bool(configs or metrics or command)
+    if resume is not None and (spec_file or sets or out or quick):
+        raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; give nothing else")
+    spec = None
+    if resume is None:
+        if quick:
+            argv = ([str(spec_file)] if spec_file else []) + list(command)
+            spec = ab_spec.quick(argv, list(configs), list(metrics), rounds, min_effect)
+        elif spec_file is None:
+            raise click.UsageError("give a SPEC_FILE, --resume RUN_DIR, or --config/--metric -- CMD ARGS")
+        else:
+            spec = ab_spec.load(spec_file, sets)
+        for w in spec.warnings:
+            _echo(f"commdiag: warning: {w}", err=True)
+    progress = None if as_json else (lambda p: _echo(_ab_progress(p), err=True))
+    res = runner.run_ab(spec, run_dir=out, resume=resume, on_progress=progress,
+                        on_start=None if as_json else (lambda line: _echo(line, err=True)))
+    run = runner.load(res.run_dir)
+    a = render.analyse(run)
+    if as_json:
+        _echo(json.dumps(render.to_json(res.run_dir, run, a, res.counts), indent=1))
+    else:
+        _echo(render.render_text(run, a))
+        _echo(f"\nrun folder: {res.run_dir}   launches: " + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
+        if res.state == "interrupted":
+            _echo(f"interrupted: no verdicts from a partial run; continue with  commdiag ab --resume {res.run_dir}")
+    if res.state == "interrupted":
+        sys.exit(errors.EXIT_INTERRUPTED)
+    sys.exit(errors.EXIT_OK if set(res.counts) <= {"ok"} else errors.EXIT_LAUNCHES_FAILED)
+
+
+def _ab_progress(p) -> str:
+    l = p.launch
+    extra = f" ({l.get('error', '')[:60]})" if l["status"] != "ok" else ""
+    return (f"[{p.done}/{p.total}] {l['config']} round {l['round'] + 1}: {l['status']}{extra} "
+            f"in {l.get('wall_s', 0):.1f}s  ETA {_fmt_s(p.eta_s)}")[:100]
 
 
 @main.command("confirm", short_help="Stage 2 of a run: confirm its candidates on fresh launches.")
