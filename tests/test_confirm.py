@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -48,8 +49,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert run["confirmation"]["family_size"] == 2 and run["confirmation"]["test"] == certify.PAIRED_TEST
     assert "confirmation (stage 2): confirmed: 0 of 2 claims certified" in proc.stdout
     assert "aa vs default, decode band (eager): not certified, keep NCCL defaults" in proc.stdout
-    assert "paired signed-rank test over 9 rounds" in proc.stdout and "certified" not in proc.stdout.replace(
-        "not certified", "").replace("claims certified", "")
+    assert "paired signed-rank test over 9 rounds" in proc.stdout and not re.search(r": certified \d", proc.stdout)
     assert "A/A check: PASS: aa (identical to default)" in proc.stdout
     assert not list(out.glob("profile*.env"))
     # an interruption in stage 2 leaves pending launches: --resume finishes exactly those
