@@ -7,13 +7,15 @@ restart.  The package is a library; ``commdiag.cli`` is a thin click layer.
 Its parts, one subpackage each:
     formats/      the on-disk formats: spec, run folder (results), profile
     measure/      sweeps of fresh torchrun launches: sweep, launcher, worker, nccldirect, runlock, explain
-    analyse/      stored results to answers: stats, screening, certify, verdict, report, compare
+    analyse/      stored results to answers: stats, screening, certify, verdict, report, compare,
+                  celltime (the one time per cell), sweeptable, steptable
     environment/  did the settings arrive: envcheck, propagation, pyprobe, detect, topology, doctor
     install/      persisting settings: hook, hookplan, hookstate, hookcheck, hooktext, systemd
     nccl/         NCCL's vocabulary: ncclvars (its variables), ncclog (its log)
     tuner/        commdiag's NCCL tuner plugin (C), its build and its rules format
     p2p/          commdiag p2p: every GPU pair measured in supervised probe processes, checked, rendered
-and at the top: cli, errors, atomic (the one output writer), metadata (fingerprints).
+and at the top: cli, errors, atomic (the one output writer), metadata (fingerprints),
+linewrap (every printed line fits 100 columns).
 """
 
 import os as _os

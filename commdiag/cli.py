@@ -12,13 +12,27 @@ from pathlib import Path
 
 import click
 
-from . import __version__, errors
+from . import __version__, errors, linewrap
 
 
-def _echo(message="", err: bool = False, nl: bool = True) -> None:
+def _echo(message="", err: bool = False, nl: bool = True, wrap: bool = True) -> None:
     """Every line commdiag prints: control characters (OSC titles, clear screen, cursor moves) from
-    config names, environment values, paths or a hostile interpreter's output are shown, never obeyed."""
-    click.echo(errors.terminal_safe(message), err=err, nl=nl)
+    config names, environment values, paths or a hostile interpreter's output are shown, never obeyed;
+    and every line fits 100 columns (linewrap.py).  ``wrap=False`` only for JSON and verbatim file
+    content, where a line break would change what is shown."""
+    text = errors.terminal_safe(message)
+    click.echo(linewrap.fit(text) if wrap else text, err=err, nl=nl)
+
+
+def _echo_verbatim(text: str, verbatim: str) -> None:
+    """``text`` wrapped, except the ``verbatim`` part it holds (a diff of file content), printed as is."""
+    before, found, after = text.partition(verbatim) if verbatim else (text, "", "")
+    if not found:
+        _echo(text)
+        return
+    _echo(before, nl=False)
+    _echo(found, nl=False, wrap=False)
+    _echo(after)
 
 
 def _fail(e: errors.CommdiagError) -> None:
@@ -58,7 +72,10 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except errors.CommdiagError as e:
             _fail(e)
-        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+        except click.exceptions.ClickException as e:
+            e.message = linewrap.fit("Error: " + e.message)[len("Error: "):]  # click prints it after "Error: "
+            raise
+        except (click.exceptions.Abort, click.exceptions.Exit):
             raise
         except KeyboardInterrupt:
             _echo("commdiag: interrupted", err=True)
@@ -102,9 +119,11 @@ def _progress_line(p) -> str:
     bar = "#" * filled + "." * (width - filled)
     l = p.launch
     extra = f" ({l.get('error')})" if l["status"] != "ok" else ""
-    where = f"stage 2 round {l['round'] + 1}" if l.get("stage") == 2 else f"trial {l['trial']}"
+    stage2 = l.get("stage") == 2
+    where = f"stage 2 round {l['round'] + 1}" if stage2 else f"trial {l['trial']}"
+    # the ETA: this stage's launches left x the mean of its launches so far, on this machine
     return (f"[{bar}] {p.done}/{p.total}  {l['config']} {where}: {l['status']}{extra} "
-            f"in {l.get('wall_s', 0):.1f}s  ETA {_fmt_s(p.eta_s)}")
+            f"in {l.get('wall_s', 0):.1f}s  {'ETA' if stage2 else 'screening ETA'} {_fmt_s(p.eta_s)}")
 
 
 @main.command(short_help="Time all-reduce per NCCL config; certify the winner.")
@@ -218,9 +237,9 @@ def _finish_run(res, as_json: bool) -> None:
                                "verdicts": pub.verdicts.to_json() if pub else None,
                                "report": str(pub.report) if pub else None,
                                "profiles": [str(res.run_dir / p) for p in pub.profiles] if pub else [],
-                               **({"step": step[1]} if step else {})}, indent=1))
+                               **({"step": step[1]} if step else {})}, indent=1), wrap=False)
     else:
-        _echo(render_table(data.summary))
+        _echo(render_table(data))
         if step:
             _echo("\n" + step[0])
         if pub:
@@ -355,7 +374,7 @@ def explain_cmd(run_dir, logs, as_json, no_run):
     else:
         data = explain_mod.run_explain(run_dir)
     if as_json:
-        _echo(json.dumps({"format": "commdiag-explain", "version": 1, **data}, indent=1))
+        _echo(json.dumps({"format": "commdiag-explain", "version": 1, **data}, indent=1), wrap=False)
     else:
         _echo(explain_mod.render(data, run["spec"]["sizes"]))
 
@@ -381,7 +400,7 @@ def report_cmd(run_dir, out, as_json):
     if as_json:
         _echo(json.dumps({"format": "commdiag-verdicts", "version": verdict.VERDICTS_VERSION, "run_dir": str(run_dir),
                                "report": str(path), "verdicts": verdicts.to_json(),
-                               **({"step": step[1]} if step else {})}, indent=1))
+                               **({"step": step[1]} if step else {})}, indent=1), wrap=False)
     else:
         if step:
             _echo(step[0] + "\n")
@@ -406,28 +425,18 @@ def compare_cmd(run_a, run_b, as_json, html_out):
     if html_out:
         write_text(html_out, compare.build_html(res))
     if as_json:
-        _echo(json.dumps(res.to_json(), indent=1))
+        _echo(json.dumps(res.to_json(), indent=1), wrap=False)
     else:
         _echo(compare.render_text(res))
         if html_out:
             _echo(f"\nhtml: {html_out}")
 
 
-def render_table(summary) -> str:
-    """nccl-tests-style table, under 100 columns; every time with its spread (p10-p90) and launch count.
-    A long config name is cut with a tag of its own (never into the same text as another's)."""
-    from .analyse.report import _fit
+def render_table(data, values=None) -> str:
+    """The sweep's table (analyse/sweeptable.py); ``values``: the run's launch values when already computed."""
+    from .analyse import sweeptable, verdict
 
-    if summary.empty:
-        return "no samples"
-    lines = [f"{'size(B)':>10} {'tok':>5} {'mode':<12} {'config':<24} {'time(us)':>9} {'p10-p90(us)':>15} "
-             f"{'runs':>4} {'busbw':>7} {'wrong':>5}"]
-    for r in summary.itertuples(index=False):
-        tokens = "" if r.tokens is None or str(r.tokens) in ("<NA>", "nan") else str(r.tokens)
-        spread = f"{r.p10_us:.1f}-{r.p90_us:.1f}"
-        lines.append(f"{r.size_bytes:>10} {tokens:>5} {r.mode:<12} {_fit(str(r.config), 24):<24} {r.median_us:>9.2f} "
-                     f"{spread:>15} {r.launches:>4} {r.busbw_gbps:>7.2f} {r.wrong:>5}")
-    return "\n".join(lines)
+    return sweeptable.render(data, verdict.run_values(data) if values is None else values)
 
 
 # --------------------------------------------------------------------------- check-env / detect / doctor
@@ -487,7 +496,7 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
     if nccl:
         r = envcheck.check_nccl(expect, profile=profile_path, nproc=nproc, conf_root=conf_root)
         if as_json:
-            _echo(_envelope("check-env-nccl", r.to_json()))
+            _echo(_envelope("check-env-nccl", r.to_json()), wrap=False)
         else:
             _echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV,INIT), {envcheck.describe_expectation(r.source)}:")
             if r.debug_note:
@@ -513,13 +522,13 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
     if propagation:
         r = propagation_mod.check_propagation(expect, profile=profile_path, torchrun=not no_torchrun)
         if as_json:
-            _echo(_envelope("check-env-propagation", r.to_json()))
+            _echo(_envelope("check-env-propagation", r.to_json()), wrap=False)
         else:
             _echo(propagation_mod.render(r))
         sys.exit(errors.EXIT_OK if r.ok else errors.EXIT_CHECK_FAILED)
     r = envcheck.check_env(expect, profile=profile_path, names=extra_vars, conf_root=conf_root)
     if as_json:
-        _echo(_envelope("check-env", r.to_json()))
+        _echo(_envelope("check-env", r.to_json()), wrap=False)
     else:
         _echo(f"pid {r.pid} {r.executable}")
         _echo(envcheck.describe_expectation(r.source))
@@ -569,7 +578,7 @@ def detect(pythons, nvml_replay, sysfs_root, capture_sysfs, as_json):
         _echo("\n".join(detect_mod.wrapped("", f"captured {c.files} files, {c.links} links, {c.dirs} folders under "
                                                 f"{c.path}; read it back with `commdiag detect --sysfs-root "
                                                 f"{c.path}`", "")), err=as_json)
-    _echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d))
+    _echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d), wrap=not as_json)
     sys.exit(errors.EXIT_OK if d.ok else errors.EXIT_CHECK_FAILED)
 
 
@@ -589,7 +598,7 @@ def doctor(pythons, expects, profile_path, nvml_replay, sysfs_root, as_json):
 
     r = doctor_mod.doctor(pythons, expect=envcheck.parse_assignments(expects), profile=profile_path,
                           nvml_readings=_load_readings(nvml_replay), sysfs_root=sysfs_root or "/")
-    _echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r))
+    _echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r), wrap=not as_json)
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
 
 
@@ -687,7 +696,7 @@ def install_hook_cmd(from_dir, profile_path, sets, tuner_path, cc, python, allow
             expected = hook.resolve_settings(from_dir, profile_path, sets, force=True).values
         res = hook.status(python=python, flags=python_flags, root=root, expected=expected,
                           allow_user_owned=allow_user_owned)
-        _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res))
+        _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res), wrap=not as_json)
         sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
     if method is None:
         method = "none" if (systemd_unit or nccl_conf) and python is None else "auto"
@@ -702,7 +711,10 @@ def install_hook_cmd(from_dir, profile_path, sets, tuner_path, cc, python, allow
                            systemd_env_file=systemd_env_file, nccl_conf=nccl_conf, override=override, force=force,
                            root=root, tuner=tuner, allow_user_owned=allow_user_owned)
         res = hook.install(req, dry_run=dry_run, verify=not no_verify)
-    _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_install(res))
+    if as_json:
+        _echo(json.dumps(res.to_json(), indent=1), wrap=False)
+    else:
+        _echo_verbatim(hook.render_install(res), res.diff if res.dry_run else "")
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
 
 
@@ -728,7 +740,8 @@ def tuner_build_cmd(out_dir, rules_path, cc, as_json):
 
     n_rules = len(rules.load(rules_path)) if rules_path is not None else None
     res = build.build_result(out_dir, cc=cc)
-    _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules))
+    _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules),
+          wrap=not as_json)
     sys.exit(errors.EXIT_OK)
 
 
@@ -754,7 +767,8 @@ def tuner_rules_cmd(run_dir, out, allow_ll128, as_json):
         write_text(out, res.text)
         written = out
     if as_json:
-        _echo(json.dumps({**res.to_json(), "written": None if written is None else str(written)}, indent=1))
+        _echo(json.dumps({**res.to_json(), "written": None if written is None else str(written)}, indent=1),
+              wrap=False)
     else:
         _echo(fromrun.render(res, written if res.rules else out))
     sys.exit(errors.EXIT_OK)

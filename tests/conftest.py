@@ -34,6 +34,29 @@ def run_cli(*args, env=None, timeout=600, cwd=None) -> subprocess.CompletedProce
                           text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 
+def assert_fits(proc: subprocess.CompletedProcess, width: int = 100, stdout: bool = True) -> None:
+    """Every line the CLI printed fits ``width`` columns; a single word longer than that (a path)
+    may stand alone on its line.  ``stdout=False`` for --json output (JSON is never wrapped)."""
+    for name, text in (("stdout", proc.stdout if stdout else ""), ("stderr", proc.stderr)):
+        long = [l for l in text.splitlines() if len(l) > width and " " in l.strip()]
+        assert not long, f"{name}: {len(long)} line(s) over {width} columns: {long[:3]}"
+
+
+def one_message(text: str) -> str:
+    """The one message a command printed (an error, usually), as a single line of words.  Lines longer
+    than 100 columns are wrapped (commdiag/linewrap.py) with their continuation lines indented under
+    the first: this checks that every line after the first is such a continuation, not a second
+    message, and returns the words joined by single spaces (compare with ``words(expected)``)."""
+    first, *rest = text.rstrip("\n").split("\n")
+    assert first and not first.startswith(" ") and all(l.startswith("    ") for l in rest), text
+    return words(text)
+
+
+def words(text: str) -> str:
+    """``text`` with every run of white space one space: how a wrapped message compares."""
+    return " ".join(str(text).split())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

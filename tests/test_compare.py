@@ -17,12 +17,24 @@ def test_two_recorded_aa_runs_through_the_cli(tmp_path):
     a, b = FIXTURES / "cpu-aa-a", FIXTURES / "cpu-aa-b"
     proc = run_cli("compare", a, b)
     assert proc.returncode == 0, proc.stderr
-    rows = [l for l in proc.stdout.splitlines() if l.strip().startswith("eager")]
+    lines = proc.stdout.splitlines()
+    rows = [(l, lines[n + 1]) for n, l in enumerate(lines) if l.strip().startswith("eager")]  # row, answer
     assert len(rows) == 2 * 4  # default and aa at 4 sizes
-    assert not [l for l in rows if "certified faster" in l or "certified slower" in l]
-    # 3 against 3 launches: the exact test cannot reach 1%/8 at all, and says so
-    assert all("smallest attainable is 0.1" in l for l in rows)
+    assert not [a for _, a in rows if "certified faster" in a or "certified slower" in a]
+    # 3 against 3 launches: the exact test cannot reach 1%/8 at all, and says so (once, under the table)
+    assert all("3 vs 3 launches cannot reach 0.0013 (note below)" in a for _, a in rows)
+    assert "smallest p the exact test can give is 0.1, above the 0.0013 needed" in " ".join(proc.stdout.split())
     assert "warning: environment differs" not in proc.stdout  # recorded on the same machine
+    assert all(len(l) <= 100 for l in lines if " " in l.strip())
+    # A and B are each run's gmean: the numbers the sweep table shows for the same cells
+    from commdiag import cli
+
+    for run, col in ((a, 3), (b, 4)):
+        table = {(l.split()[3], l.split()[0]): l.split()[4] for l in cli.render_table(results.load_run(run))
+                 .splitlines() if l.split()[0].isdigit()}
+        for row, _ in rows:
+            w = row.split()
+            assert table[(w[2], w[1])] == w[col], (run, row)
 
     proc = run_cli("compare", a, b, "--json", "--html", tmp_path / "cmp.html")
     assert proc.returncode == 0, proc.stderr
@@ -97,3 +109,17 @@ def test_no_common_data_says_so(tmp_path):
     r = compare.run(a, b)
     assert r.changes == ()
     assert any("nothing to compare" in w for w in r.warnings)
+
+
+def test_compare_of_a_run_with_itself_says_so(tmp_path):
+    a = FIXTURES / "cpu-aa-a"
+    proc = run_cli("compare", a, str(a) + "/")
+    assert proc.returncode == 2 and "the same run folder as A" in proc.stderr and "Traceback" not in proc.stderr
+    # a copy of the folder is compared, with a line saying that B is the same run
+    import shutil
+
+    shutil.copytree(a, tmp_path / "copy")
+    proc = run_cli("compare", a, tmp_path / "copy")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: B holds the same run as A (a copy: same start time and seed)" in proc.stdout
+    assert json.loads(run_cli("compare", a, tmp_path / "copy", "--json").stdout)["same_run"] is True

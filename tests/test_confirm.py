@@ -15,7 +15,7 @@ from commdiag.formats import results
 from commdiag.measure import sweep
 from commdiag.errors import CommdiagError, SpecError
 from commdiag.formats.spec import load_spec
-from conftest import REPO, run_cli, write_spec
+from conftest import REPO, assert_fits, run_cli, write_spec
 
 CPU_AA = REPO / "sweeps" / "cpu-aa.yaml"
 SMALL = ("--set", "iters=10", "--set", "warmup=2", "--set", "sizes={hidden: 1024, tokens: [1, 256]}")
@@ -28,6 +28,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert " ".join(proc.stderr.split()).startswith(f"run folder {out}: 6 launches to run (6 screening: 2 configs "
                                                     "x 3 trials)")  # wrapped at 100 columns
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_fits(proc, stdout=False)  # the progress lines
     data = json.loads(proc.stdout)
     assert data["verdicts"]["status"] == verdict.SCREENING_ONLY and "--no-confirm" in data["verdicts"]["status_note"]
     assert data["profiles"] == [] and not list(out.glob("profile*.env"))
@@ -38,6 +39,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     # two-sided claims, each at p <= 0.005: the paired test's smallest p is 2/2^9 = 0.0039 at 9 rounds)
     proc = run_cli("confirm", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_fits(proc)  # the stage-2 plan, the progress lines, the table and the verdicts
     assert "stage 2 (confirmation, look 1): 9 fresh rounds x 2 configs = 18 launches" in proc.stderr
     assert "why 9 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in proc.stderr
     assert proc.stderr.index("stage 2 (confirmation") < proc.stderr.index("stage 2 round 1")

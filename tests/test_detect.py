@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from commdiag.environment import doctor, envcheck, topology
-from conftest import REPO
+from conftest import REPO, words
 
 FIX = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
 READINGS = json.loads((FIX / "nvml-readings.json").read_text())
@@ -96,7 +96,7 @@ def test_detect_exits_1_when_an_interpreter_cannot_be_probed(tmp_path):
     # README "Exit codes": detect exits 1 when a check ran and found a problem (doctor already did)
     cp = cli("detect", "--python", tmp_path / "no-such-python")
     assert cp.returncode == 1, cp.stdout
-    assert f"{tmp_path / 'no-such-python'}: no such interpreter" in cp.stdout
+    assert f"{tmp_path / 'no-such-python'}: no such interpreter" in words(cp.stdout)  # wrapped at 100 columns
     cp = cli("detect", "--json", "--python", tmp_path / "no-such-python")
     assert cp.returncode == 1 and json.loads(cp.stdout)["pythons"][1]["error"]
 
@@ -112,7 +112,7 @@ def test_detect_and_doctor_report_a_shadowed_venv_sitecustomize(tmp_path):
     assert hooks["sitecustomize"] == "/usr/lib/python3.11/sitecustomize.py"
     assert hooks["shadowed_sitecustomize"] == [str(mine)]
     text = cli("detect", "--python", py).stdout
-    assert f"SHADOWED (will not load): {mine}" in text and "-> /etc/python3.11/sitecustomize.py" in text
+    assert f"SHADOWED (will not load): {mine}" in words(text) and "-> /etc/python3.11/sitecustomize.py" in text
     cp = cli("doctor", "--json", "--python", py, "--nvml-replay", FIX / "nvml-readings.json")
     rep = json.loads(cp.stdout)
     assert cp.returncode == 1 and rep["healthy"] is False

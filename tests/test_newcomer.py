@@ -51,8 +51,10 @@ def test_readme_first_screen_says_what_it_is_then_cpu_then_the_gpu_path():
 
 def test_readme_gpu_path_installs_against_the_torch_already_there():
     gpu = README.split("## On your GPU box", 1)[1].split("## Commands", 1)[0]
-    assert "python3 -m venv --system-site-packages .venv && .venv/bin/pip install -e ." in gpu
-    assert "`python3 -m pip install -e .`" in gpu  # torch in a venv: into that venv
+    # a regular install (not -e): an editable one is an empty package in a server started beside the clone
+    assert "python3 -m venv --system-site-packages .venv && .venv/bin/pip install ." in gpu
+    assert "`python3 -m pip install .`" in gpu  # torch in a venv: into that venv
+    assert not re.search(r"`[^`]*pip install -e \S[^`]*`", gpu.split("**2. Check the machine", 1)[0])
     assert "torch==" not in gpu  # no torch pin on a GPU box
     order = ["commdiag doctor", "commdiag sweep sweeps/nvlink2-aa.yaml", "commdiag sweep sweeps/pcie8.yaml",
              "commdiag report reports/<run>", "install-hook --from reports/<run>", "commdiag.check_env("]
@@ -68,6 +70,18 @@ def test_readme_gives_a_time_for_every_shipped_spec_and_the_tests():
         assert re.search(r"\d+(\.\d+)? (s|min|minute)", row.rsplit("|", 2)[1]), row
     tests = README.split("## Tests", 1)[1].split("\n## ", 1)[0]
     assert re.search(r"\d+ min", tests) and "SUITE_TIME" not in tests
+
+
+def test_readme_cpu_lines_take_torch_from_pytorchs_cpu_index():
+    cpu = README.split("## Try it on a CPU machine", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = cpu.splitlines()
+    assert len(lines) == 2
+    for line in lines:  # an extra index: the CPU wheel from PyTorch's, everything else from the public one
+        assert ".venv/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0 " in line
+        assert "--index-url" not in line.replace("--extra-index-url", "")
+    assert "PIP_RETRIES=0" in README.split("## On your GPU box", 1)[0]  # what to do where that index is blocked
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "export PIP_RETRIES=0" in ci.split(lines[1], 1)[0]  # CI machines are offline: no minutes of retries
 
 
 def test_readme_links_every_docs_page_and_each_page_exists():
@@ -128,6 +142,37 @@ def test_readme_worker_check_works_from_the_folder_holding_the_clone(tmp_path):
     cp = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path,
                         env={**env, "NCCL_PROTO": "LL"}, timeout=120)
     assert cp.returncode == 0 and "OK 1 expected" in cp.stdout, cp.stderr
+
+
+def test_readme_install_then_the_in_server_line_works_from_the_folder_holding_the_clone(tmp_path):
+    """Step 1's install into a real venv (the server's), then step 7's in-server line run by that venv's
+    python from the clone's parent folder, where the clone is a folder named commdiag/ on the path."""
+    gpu = README.split("## On your GPU box", 1)[1].split("## Commands", 1)[0]
+    install = re.search(r"`python3 -m pip install ([^`]*)`", gpu).group(1).split()
+    line = gpu.split("and inside the server", 1)[1].split("```python\n", 1)[1].split("\n", 1)[0]
+    parent = tmp_path / "home"
+    clone = parent / "commdiag"  # `git clone ... commdiag && cd commdiag`
+    clone.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, clone / name)
+    shutil.copytree(REPO / "commdiag", clone / "commdiag", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    venv = tmp_path / "server-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    env = {k: v for k, v in clean_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # --no-deps: the server's venv has its own packages, and check_env needs none of commdiag's; built
+    # with the venv's own setuptools where it has one (no index needed), else in pip's isolated build
+    can = ("import importlib.util as u, setuptools; raise SystemExit(not (u.find_spec('wheel') or "
+           "u.find_spec('setuptools.command.bdist_wheel')))")
+    local = subprocess.run([py, "-c", can], capture_output=True, timeout=60).returncode == 0
+    cp = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps",
+                         *(["--no-build-isolation", "--no-index"] if local else []), *install],
+                        cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    # `python -c` puts the current folder first on sys.path, as `python -m server ...` does
+    cp = subprocess.run([py, "-c", line], cwd=parent, env=env, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0 and "AttributeError" not in cp.stderr, cp.stderr
+    assert cp.stderr.startswith("commdiag check-env pid "), cp.stderr
 
 
 # --------------------------------------------------------------------------- --help
@@ -214,7 +259,9 @@ def test_explain_no_run_on_a_gloo_run_says_gloo_never_loads_nccl(tmp_path):
         assert cp.returncode == 2, cp.stdout
         assert "backend 'gloo', which never loads NCCL, so NCCL settings have no effect" in cp.stderr
         assert "run  commdiag explain" not in cp.stderr  # no suggestion of a command that refuses gloo
-        assert cp.stderr.count("\n") == 1
+        first, *rest = cp.stderr.splitlines()  # one message: wrapped at 100 columns under its first line
+        assert first.startswith("commdiag: error: ") and all(l.startswith("    ") for l in rest)
+        assert all(len(l) <= 100 for l in cp.stderr.splitlines() if " " in l.strip())
 
 
 def test_detect_explains_a_shadowed_sitecustomize_like_doctor(tmp_path):
@@ -230,7 +277,13 @@ def test_detect_explains_a_shadowed_sitecustomize_like_doctor(tmp_path):
     (site / "extra.pth").write_text(f"{extra}\n")  # appended to sys.path: after site-packages, so shadowed
     cp = run_cli("detect", "--python", py)
     lines = cp.stdout.splitlines()
-    at = lines.index(f"    SHADOWED (will not load): {extra / 'sitecustomize.py'}")
+    # the path after its label, or on the next line when the two do not fit 100 columns together
+    shadowed = f"    SHADOWED (will not load): {extra / 'sitecustomize.py'}"
+    if len(shadowed) > 100:
+        at = lines.index("    SHADOWED (will not load):") + 1
+        assert lines[at].strip() == str(extra / "sitecustomize.py")
+    else:
+        at = lines.index(shadowed)
     explained = []
     for l in lines[at + 1:]:
         if not l.startswith("      "):

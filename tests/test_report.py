@@ -161,8 +161,16 @@ def test_report_of_a_real_cpu_run_draws_every_plot(tmp_path):
     # every time in the HTML itself with its spread and launch count, not only on hover
     summary = results.load_run(run_dir).summary
     rows = re.findall(r"<tr><td>[^<]*</td><td>(default|aa)</td><td>([\d.]+)</td><td>([\d.]+-[\d.]+)</td>"
-                      r"<td>([\d.]+-[\d.]+)</td><td>(\d+)</td>", path_text(run_dir))
-    assert len(rows) == len(summary) and {r[4] for r in rows} == {str(n) for n in summary["launches"]}
+                      r"<td>(\d+)</td><td>([\d.]+-[\d.]+)</td>", path_text(run_dir))
+    assert len(rows) == len(summary) and {r[3] for r in rows} == {str(n) for n in summary["launches"]}
+    # the time is the gmean, named so: the same number the sweep table (and compare) shows for the cell
+    from commdiag import cli
+
+    shown = {(l.split()[3], l.split()[0], l.split()[4]) for l in cli.render_table(results.load_run(run_dir))
+             .splitlines() if l.split()[0].isdigit()}
+    assert {(c, gm) for c, gm, *_ in rows} == {(c, gm) for c, _, gm in shown}
+    assert "gmean (us)" in path_text(run_dir) and "median of the launches" not in path_text(run_dir)
+    assert "(README, Verdicts)" not in dom and "docs/verdicts.md" in dom
 
 
 def test_report_with_both_modes_failures_and_a_hostile_label(tmp_path):
@@ -295,3 +303,40 @@ def test_a_fifo_named_like_a_profile_never_blocks_publishing(tmp_path):
     worker.join(timeout=60)
     assert done.is_set(), "publish blocked reading a FIFO"
     assert (run_dir / "profile-stale.env").exists()  # not ours to remove: it is not a commdiag profile file
+
+
+def test_heatmap_colours_only_certified_differences_and_greys_estimates(tmp_path):
+    sizes = [4096, 65536, 1048576]
+    # 'fast' is certified 20% faster in stage 2; 'noisy' looks 99% slower in screening but is never tested
+    table = {"default": {s: [10.0, 10.3, 9.9] for s in sizes}, "fast": {s: [8.0, 8.2, 7.9] for s in sizes},
+             "noisy": {s: [19.0, 21.0, 19.9] for s in sizes}}
+    run_dir = make_run(tmp_path / "run", table, modes=("graph",))
+    add_stage2(run_dir, {"default": 10.0, "fast": 8.0})
+    data = results.load_run(run_dir)
+    v = verdict.evaluate_run(data)
+    assert [c.claim.config for c in v.certifications if c.certified] == ["fast", "fast"]
+    (heat,) = [f for f in report.figures(data, v, verdict.run_values(data)) if f["id"] == "speedup-graph"]
+    grey, colour = heat["data"]
+    rows = heat["data"][0]["y"]
+    fast, noisy = rows.index("fast"), rows.index("noisy")
+    assert all(z is not None and z < -3 for z in colour["z"][fast]) and not any(grey["text"][fast])
+    assert all(z is None for z in colour["z"][noisy])  # never certified: no colour at all
+    assert grey["z"][noisy] == [0.0] * 3 and all(t.startswith("(+") for t in grey["text"][noisy])
+    assert set(grey["colorscale"][0][1:]) == {"#e4e4e4"}  # one grey: an estimate's size shows no colour
+
+
+def test_log_axes_label_every_tick_in_full_and_the_report_links_the_docs(tmp_path):
+    run_dir = copy_run("cpu-aa-b", tmp_path / "run")
+    path, _ = report.write_report(run_dir)
+    dom, console, _ = render(path, tmp_path)
+    assert_drawn(dom, console, expected=3)
+    latency = dom.split('id="latency-eager"', 1)[1].split("<h3>", 1)[0]
+    labels = re.findall(r'class="[xy]tick"><text[^>]*>([^<]*)</text>', latency)
+    assert len(labels) >= 4, labels
+    assert not [t for t in labels if re.fullmatch(r"\d", t)], labels  # no bare minor-tick digits
+    assert any(t.endswith(("KiB", "MiB")) for t in labels)  # sizes as sizes
+    assert 'href="file://' in dom and "docs/verdicts.md" in dom and "(README, Verdicts)" not in dom
+    glossary = (report.DOCS / "glossary.md").read_text()
+    for term, anchor in report.TERMS:
+        assert f'<a id="{anchor}"></a>' in glossary, anchor  # every term the report links has its entry
+        assert f'glossary.md#{anchor}">{term}</a>' in dom

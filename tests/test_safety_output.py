@@ -18,7 +18,7 @@ import pytest
 from commdiag.atomic import write_json, write_text
 from commdiag.errors import CommdiagError
 
-from conftest import REPO, run_cli
+from conftest import REPO, one_message, run_cli, words as words_
 
 RUN = REPO / "tests" / "fixtures" / "runs" / "cpu-aa-a"
 
@@ -122,7 +122,7 @@ def test_report_and_compare_refuse_special_outputs(tmp_path, run_copy, kind):
     for args in (("report", run_copy, "--out", target), ("compare", run_copy, run_copy, "--html", target)):
         r = run_cli(*args, timeout=60)
         assert r.returncode == 2, r.stderr
-        assert r.stderr.count("\n") == 1 and words in r.stderr and "Traceback" not in r.stderr
+        assert words_(words) in one_message(r.stderr) and "Traceback" not in r.stderr
     assert _state(tmp_path) == before
 
 
@@ -130,7 +130,7 @@ def test_report_and_compare_refuse_special_outputs(tmp_path, run_copy, kind):
 def test_report_out_into_nowhere_is_one_error(tmp_path, run_copy, out):
     before = _state(tmp_path)
     r = run_cli("report", run_copy, "--out", tmp_path / out if out else "", timeout=60)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 2 and one_message(r.stderr) and "Traceback" not in r.stderr
     assert _state(tmp_path) == before
 
 
@@ -143,7 +143,7 @@ def test_an_nvml_recording_of_the_wrong_shape_is_one_error(tmp_path, content):
     bad.write_text(content)
     r = run_cli("detect", "--nvml-replay", bad, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith("commdiag: error: --nvml-replay: "), r.stderr
-    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert one_message(r.stderr) and "Traceback" not in r.stderr
 
 
 def test_handler_names_the_file_of_an_os_error(tmp_path):
@@ -158,8 +158,8 @@ def test_handler_names_the_file_of_an_os_error(tmp_path):
     try:
         r = CliRunner().invoke(cli.main, ["_boom"])
         assert r.exit_code == 2
-        assert r.output == (f"commdiag: error: _boom failed: {tmp_path / 'run.json'}: No space left on device "
-                            "(run with --debug for the traceback)\n")
+        assert one_message(r.output) == (f"commdiag: error: _boom failed: {tmp_path / 'run.json'}: No space left "
+                                         "on device (run with --debug for the traceback)")
         r = CliRunner().invoke(cli.main, ["--debug", "_boom"])
         assert isinstance(r.exception, OSError)
     finally:
@@ -193,6 +193,6 @@ def test_sweep_out_at_a_special_file_is_one_error(tmp_path, kind):
     spec = write_spec(tmp_path / "s.yaml")
     before = _state(tmp_path)
     r = run_cli("sweep", spec, "--out", target, timeout=120)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and one_message(r.stderr) and "Traceback" not in r.stderr, r.stderr
     assert str(target) in r.stderr
     assert _state(tmp_path) == before

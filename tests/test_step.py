@@ -13,7 +13,7 @@ from commdiag.errors import SpecError
 from commdiag.formats import results
 from commdiag.formats.spec import load_spec
 from commdiag.formats.stepspec import StepModel
-from conftest import REPO, run_cli, write_spec
+from conftest import REPO, assert_fits, run_cli, write_spec
 
 CPU_STEP = REPO / "sweeps" / "cpu-step.yaml"
 TINY = ("--set", "iters=8", "--set", "warmup=1", "--set", "model.layers=2", "--set", "sizes.tokens=[1, 64]",
@@ -84,14 +84,20 @@ def test_comm_share_is_one_minus_compute_over_step_per_launch():
     vals.append(stats.LaunchValue("seed", 9, 100, "graph", math.log(50.0), 2))  # stage 2: the step alone
     rows = steptable.step_rows(vals, run)
     d = next(r for r in rows if r.config == "default")
-    assert d.step_us.median == pytest.approx(100.0) and (d.step_us.lo, d.step_us.hi) == pytest.approx((90.0, 110.0))
+    # times: the gmean over launches (what every table shows); shares: the median of the per-launch shares
+    assert d.step_us.value == pytest.approx((100.0 * 110.0 * 90.0) ** (1 / 3)) and d.step_us.stat == "gmean"
+    assert (d.step_us.lo, d.step_us.hi) == pytest.approx((90.0, 110.0))
     assert d.comm_share.launches == 3
-    assert sorted([d.comm_share.lo, d.comm_share.median, d.comm_share.hi]) == pytest.approx([0.1, 0.2, 0.3])
-    assert d.comm_alone.median == pytest.approx(0.3) and d.tokens_per_s == pytest.approx(1e4)
+    assert sorted([d.comm_share.lo, d.comm_share.value, d.comm_share.hi]) == pytest.approx([0.1, 0.2, 0.3])
+    assert d.comm_share.stat == "median"
+    assert d.comm_alone.value == pytest.approx(0.3) and d.tokens_per_s == pytest.approx(1 / (d.step_us.value * 1e-6))
     s = next(r for r in rows if r.config == "seed")
     assert s.comm_share is None and s.step_us.launches == 1
     text = steptable.render(rows)
     assert "comm share 20.0% [10.0%-30.0%]" in text and "n=3" in text
+    # the all-reduces alone (30%) against the share (20%): its meaning beside it, within 100 columns
+    assert "all-reduces alone 30.0% of the step: more than the share: part of it hides inside the step" in text
+    assert max(len(l) for l in text.splitlines()) <= 100
     assert steptable.to_json(rows)["format"] == "commdiag-step-table"
 
 
@@ -99,16 +105,17 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     out = tmp_path / "step"
     proc = run_cli("step", CPU_STEP, "--out", out, *TINY, "--no-confirm", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_fits(proc, stdout=False)
     data = json.loads(proc.stdout)
-    assert data["step"]["format"] == "commdiag-step-table" and data["step"]["version"] == 1
+    assert data["step"]["format"] == "commdiag-step-table" and data["step"]["version"] == 2
     rows = data["step"]["rows"]
     assert {(r["config"], r["tokens"]) for r in rows} == {(c, t) for c in ("default", "seed") for t in (1, 64)}
     for r in rows:
         assert r["mode"] == "eager" and r["step_us"]["launches"] == 1
         # the step includes the all-reduces, so removing them leaves less time; gloo on CPU is slow (ms), so
         # the share is clearly above zero, and never above one
-        assert 0.0 < r["comm_share"]["median"] < 1.0 and r["compute_us"]["median"] < r["step_us"]["median"]
-        assert r["comm_us"]["median"] > 0
+        assert 0.0 < r["comm_share"]["value"] < 1.0 and r["compute_us"]["value"] < r["step_us"]["value"]
+        assert r["comm_us"]["value"] > 0 and r["step_us"]["stat"] == "gmean" and r["comm_share"]["stat"] == "median"
     summary = {(s["config"], s["tokens"], s["mode"]) for s in data["summary"]}
     assert ("default", 1, "eager-compute") in summary and ("seed", 64, "eager-comm") in summary
     run = results.load_run_json(out)
@@ -119,6 +126,7 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = " ".join(proc.stderr.split())
     assert "not certifiable with this plan: 3 rounds cannot reach p <= 0.01" in said and "8 rounds can" in said
+    assert_fits(proc, stdout=False)  # the stage-2 plan and progress lines
     run = results.load_run_json(out)
     assert run["confirmation"]["measure"]["vias"] == ["step"]
     assert run["confirmation"]["measure"]["modes"] == ["eager"]
@@ -129,3 +137,4 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     assert all(not c.certified for c in data.certifications)
     proc = run_cli("report", out)
     assert proc.returncode == 0 and "comm share" in proc.stdout and "not certifiable with this plan" in proc.stdout
+    assert_fits(proc)  # the step table and the stage-2 verdicts, 100 columns

@@ -30,8 +30,9 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import CommdiagError
 from ..formats import results
-from . import stats
+from . import celltime, stats
 
 COMPARE_FORMAT, COMPARE_VERSION = "commdiag-compare", 2
 # Run-level settings that change what a number means (besides the fingerprint).
@@ -46,7 +47,7 @@ class Change:
     mode: str
     size_bytes: int
     tokens: int | None
-    a_us: float  # geometric mean of run A's launch values
+    a_us: float  # run A's gmean: the geometric mean of its launch values (celltime.py, as the sweep table)
     b_us: float
     a_launches: int
     b_launches: int
@@ -98,6 +99,7 @@ class CompareResult:
     settings: tuple[Difference, ...]  # measurement settings and config env differences
     only_a: tuple[str, ...]  # configs only in A
     only_b: tuple[str, ...]
+    same_run: bool = False  # B is a copy of A's run folder (same start time and seed)
 
     @property
     def warnings(self) -> list[str]:
@@ -115,7 +117,8 @@ class CompareResult:
                 "changes": [{**asdict(c), "label": c.label} for c in self.changes],
                 "fingerprint_differences": [asdict(d) for d in self.fingerprint],
                 "settings_differences": [asdict(d) for d in self.settings],
-                "only_in_a": list(self.only_a), "only_in_b": list(self.only_b), "warnings": self.warnings}
+                "only_in_a": list(self.only_a), "only_in_b": list(self.only_b), "same_run": self.same_run,
+                "warnings": self.warnings}
 
 
 def flatten(d, prefix: str = "") -> dict[str, object]:
@@ -169,7 +172,7 @@ def compare(a: results.RunData, b: results.RunData, *, alpha: float = stats.ALPH
         if p <= thr:
             verdict = (FASTER if ratio <= 1 - min_effect else SLOWER if ratio >= 1 + min_effect
                        else SAME)
-        changes.append(Change(c, md, s, tokens.get(s), stats.exp(stats.mean(xa)), stats.exp(stats.mean(xb)),
+        changes.append(Change(c, md, s, tokens.get(s), celltime.gmean(xa), celltime.gmean(xb),
                               len(xa), len(xb), ratio, p, stats.smallest_p(len(xa), len(xb)), thr, verdict))
     settings = [Difference(k, _pick(a.run, k), _pick(b.run, k)) for k in SETTINGS
                 if _pick(a.run, k) != _pick(b.run, k)]
@@ -178,24 +181,57 @@ def compare(a: results.RunData, b: results.RunData, *, alpha: float = stats.ALPH
     for c in names_a:
         if c in env_b and env_a[c] != env_b[c]:
             settings.append(Difference(f"configs.{c}.env", env_a[c], env_b[c]))
+    same = all(a.run.get(k) is not None and a.run.get(k) == b.run.get(k) for k in ("created_utc", "seed"))
     return CompareResult(str(a.path), str(b.path), alpha, min_effect, len(cells), tuple(changes),
                          tuple(diff(a.run.get("fingerprint", {}), b.run.get("fingerprint", {}))), tuple(settings),
-                         tuple(c for c in names_a if c not in names_b), tuple(c for c in names_b if c not in names_a))
+                         tuple(c for c in names_a if c not in names_b), tuple(c for c in names_b if c not in names_a),
+                         same)
 
 
 def run(run_a: str | Path, run_b: str | Path) -> CompareResult:
-    return compare(results.load_run(run_a), results.load_run(run_b))
+    """Compare two run folders; the same folder twice is a usage error (exit 2): a run against
+    itself can only come out unchanged, which is never what was meant."""
+    a, b = results.load_run(run_a), results.load_run(run_b)
+    if _same_folder(run_a, run_b):
+        raise CommdiagError(f"{run_b}: the same run folder as A ({run_a}): a run compared with itself cannot "
+                            "change; give two run folders, e.g. before and after a change")
+    return compare(a, b)
+
+
+def _same_folder(a, b) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve() or Path(a).samefile(b)
+    except OSError:
+        return False
 
 
 def render_text(r: CompareResult) -> str:
-    lines = [f"A: {r.run_a}", f"B: {r.run_b}",
-             f"B vs A: exact rank test per cell on launch values, {100 * (1 - r.alpha):.0f}% family-wise over "
-             f"{r.family_size} cells (each p <= {r.alpha / max(r.family_size, 1):.2g}); minimum effect "
-             f"{r.min_effect * 100:.0f}%; ratio B/A < 1: B is faster",
-             f"{'mode':>12} {'size(B)':>10} {'config':<28} {'A(us)':>9} {'B(us)':>9} {'B/A':>6} {'launches':>8}  answer"]
+    """The console table: per cell A's and B's gmean (the number the sweep table shows for that cell)
+    and the Hodges-Lehmann ratio, with the answer on the line under it (100 columns)."""
+    lines = [f"A: {r.run_a}", f"B: {r.run_b}"]
+    if r.same_run:
+        lines.append("note: B holds the same run as A (a copy: same start time and seed), so nothing can differ")
+    lines += [f"B vs A: exact rank test per cell on launch values, {100 * (1 - r.alpha):.0f}% family-wise over "
+              f"{r.family_size} cells (each p <= {r.alpha / max(r.family_size, 1):.2g}); minimum effect "
+              f"{r.min_effect * 100:.0f}%",
+              f"A, B: {celltime.NAME} (us) of each run's launch values, as the sweep table shows them; B/A: the "
+              "Hodges-Lehmann ratio of B's launches to A's (< 1: B is faster)",
+              f"{'mode':>13} {'size(B)':>10} {'config':<28} {'A(us)':>9} {'B(us)':>9} {'B/A':>6} {'launches':>8}",
+              f"{'':>14}answer"]
+    floors = {}  # (A launches, B launches, threshold) -> smallest attainable p: said once, below the table
     for c in r.changes:
-        lines.append(f"{c.mode:>12} {c.size_bytes:>10} {_fit(c.config):<28} {c.a_us:>9.2f} {c.b_us:>9.2f} "
-                     f"{c.ratio_text():>6} {f'{c.a_launches}/{c.b_launches}':>8}  {c.label}")
+        lines.append(f"{c.mode:>13} {c.size_bytes:>10} {_fit(c.config):<28} {c.a_us:>9.2f} {c.b_us:>9.2f} "
+                     f"{c.ratio_text():>6} {f'{c.a_launches}/{c.b_launches}':>8}")
+        if c.verdict == NOT_CERTIFIED and c.p is not None and c.p_floor > c.threshold:
+            floors[(c.a_launches, c.b_launches, c.threshold)] = c.p_floor
+            lines.append(f"{'':>14}not certified: p = {c.p:.2g}, and {c.a_launches} vs {c.b_launches} launches "
+                         f"cannot reach {c.threshold:.2g} (note below)")
+        else:
+            lines.append(f"{'':>14}{c.label}")
+    for (na, nb, thr), floor in floors.items():
+        lines.append(f"note: with {na} vs {nb} launches the smallest p the exact test can give is {floor:.2g}, "
+                     f"above the {thr:.2g} needed: about {stats.launches_to_reach(thr)} launches per run could "
+                     "certify a change")
     if r.only_a or r.only_b:
         lines.append(f"configs only in A: {', '.join(r.only_a) or '-'}; only in B: {', '.join(r.only_b) or '-'}")
     for w in r.warnings:
@@ -225,7 +261,9 @@ def build_html(r: CompareResult) -> str:
                          "hovertemplate": report.plot_text(cfg) + "<br>%{x} B: B/A %{y:.3f}<br>%{text}<extra></extra>"})
         figs.append({"id": f"ratio-{mode}", "title": f"B / A per config ({mode})", "data": data,
                      "layout": report._layout(f"Time in B / time in A (Hodges-Lehmann), {mode} mode (1 = no change)",
-                                              report._axis("size per rank (bytes)"), report._axis("B / A", log=True))})
+                                              report._axis("size per rank (bytes)", as_bytes=True,
+                                                           values=[x for t in data for x in t["x"]]),
+                                              report._axis("B / A", values=[y for t in data for y in t["y"]]))})
     rows = [[c.config, c.mode, report.size_label(c.size_bytes, c.tokens), f"{c.a_us:.2f}", f"{c.b_us:.2f}",
              c.ratio_text(), f"{c.a_launches}/{c.b_launches}", c.label] for c in r.changes]
     body = [f"<h1>commdiag compare</h1><p>A: {esc(r.run_a)}<br>B: {esc(r.run_b)}</p>",
@@ -239,8 +277,10 @@ def build_html(r: CompareResult) -> str:
                     f"{esc(', '.join(r.only_b) or '-')}</p>")
     body.append("<h2>Plots</h2>" + report.plot_divs(figs))
     body.append("<h2>Per config, size and mode</h2>")
-    body.append(report._table(["config", "mode", "size", "A (us)", "B (us)", "ratio B/A",
-                               "launches A/B", "answer"], rows))
+    body.append(f"<p>A, B: {esc(celltime.NAME)} (us) of each run's launch values, as the sweep table and the "
+                "report show them; B/A: the Hodges-Lehmann ratio of B's launches to A's.</p>")
+    body.append(report._table(["config", "mode", "size", f"A {celltime.NAME} (us)", f"B {celltime.NAME} (us)",
+                               "B/A (Hodges-Lehmann)", "launches A/B", "answer"], rows))
     body.append("<h2>Environment fingerprints</h2>")
     body.append(report._table(["key", "A", "B"], [[d.key, json.dumps(d.a), json.dumps(d.b)] for d in r.fingerprint]
                               or [["(identical)", "", ""]]))

@@ -8,8 +8,8 @@ The report starts with the certified answer (stage 2: one row per claim, with
 every fresh launch's value, and the winners), then the screening estimates per
 band.  Plots, per measured mode: latency vs size per config (log-log, every
 launch's value as a point so the launch noise is visible), busbw vs size, the
-screening estimates vs default as a heatmap (colour only beyond the 3% minimum
-effect, titled as estimates); stage 2's launches per claim; with both modes, the
+screening estimates vs default as a heatmap (estimates grey, a cell coloured
+only where that difference was certified); stage 2's launches per claim; with both modes, the
 eager - graph overhead per config.  Then the screening matrix, failed/timed-out/
 incorrect launches with their error tails, what each rank saw and what NCCL said
 it applied, the fingerprint and the spec.
@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from . import machinereport, stats, verdict
+from . import celltime, machinereport, stats, verdict
+from ..measure import collectives
 from ..formats import results
 from .screening import band_text
 from ..atomic import write_text
@@ -95,6 +96,25 @@ def script_json(data) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+# The docs a report links to: commdiag's own docs/ beside the package (a clone or an editable
+# install); a regular install has none, and the link is then the page's name alone.
+DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
+# Glossary entries (docs/glossary.md anchors) for the words the verdicts use.
+TERMS = (("gmean", "gmean"), ("launch value", "launch-value"), ("smallest attainable p", "smallest-attainable-p"),
+         ("power", "power"), ("Hodges-Lehmann ratio", "hodges-lehmann"), ("paired test", "paired-test"),
+         ("signed-rank", "signed-rank"), ("Spearman", "spearman"), ("sign-flip", "sign-flip"))
+
+
+def doc_link(page: str, anchor: str | None = None, text: str | None = None) -> str:
+    """An HTML link to docs/PAGE (a file: URL to the docs beside this commdiag), or the page's name
+    when there are none to link to (a report mailed elsewhere still names the page)."""
+    target = DOCS / page
+    shown = esc(text or f"docs/{page}")
+    if not target.is_file():
+        return shown
+    return f'<a href="{esc(target.as_uri() + ("#" + anchor if anchor else ""))}">{shown}</a>'
+
+
 def plotly_js() -> str:
     from plotly.offline import get_plotlyjs
 
@@ -107,8 +127,42 @@ def _tokens(v):
     return None if v is None or str(v) in ("<NA>", "nan", "None") else int(v)
 
 
-def _axis(title: str, log: bool = True, **kw) -> dict:
-    return {"title": {"text": plot_text(title)}, "type": "log" if log else "linear", **kw}
+def _axis(title: str, log: bool = True, values=None, as_bytes: bool = False, **kw) -> dict:
+    """A plot axis; a log axis over ``values`` gets its own labelled ticks (log_ticks)."""
+    ticks = log_ticks(values, as_bytes) if log and values else {}
+    return {"title": {"text": plot_text(title)}, "type": "log" if log else "linear", **ticks, **kw}
+
+
+def log_ticks(values, as_bytes: bool = False) -> dict:
+    """Ticks for a log axis, every one labelled in full: plotly's own label minor ticks as bare digits
+    ("2", "5"), which read as values.  Bytes: powers of two (16 KiB, 1 MiB), at most about 10; other
+    values: 1-2-5 per decade (1-9 when the range is narrow), else the range's ends."""
+    vals = [float(v) for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals:
+        return {}
+    lo, hi = min(vals), max(vals)
+    if as_bytes:
+        first, last = math.floor(math.log2(lo)), math.ceil(math.log2(hi))
+        step = max(1, math.ceil((last - first + 1) / 10))
+        ticks = [2.0 ** e for e in range(first, last + 1, step) if lo / 1.5 <= 2.0 ** e <= hi * 1.5]
+        label = lambda v: fmt_bytes(int(v))  # noqa: E731
+    else:
+        ticks = []
+        for mults in ((1,), (1, 2, 5), tuple(range(1, 10))):
+            ticks = [m * 10.0 ** k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+                     for m in mults if lo / 1.05 <= m * 10.0 ** k <= hi * 1.05]
+            if len(ticks) >= 3:
+                break
+        label = _tick_text
+    if len(ticks) < 3:  # a narrow range: its ends too, so that at least two values are labelled
+        ticks = sorted(set(ticks) | {lo, hi})
+    return {"tickmode": "array", "tickvals": ticks, "ticktext": [label(v) for v in ticks]}
+
+
+def _tick_text(v: float) -> str:
+    if v >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
 
 
 def _layout(title: str, x: dict, y: dict, **kw) -> dict:
@@ -117,17 +171,18 @@ def _layout(title: str, x: dict, y: dict, **kw) -> dict:
             "legend": {"font": {"size": 11}}, **kw}
 
 
-def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[stats.LaunchValue]) -> list[dict]:
+def figures(data: results.RunData, verdicts: verdict.Verdicts, values: list[stats.LaunchValue]) -> list[dict]:
     """The report's plots as plotly figure dicts (id, title, data, layout)."""
-    summary = data.summary
     configs = [c["name"] for c in data.run.get("configs", [])]
     color = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(configs)}
     tokens_by_size = {s["bytes"]: s.get("tokens") for s in data.run.get("spec", {}).get("sizes", [])}
     step_run = bool(data.run.get("spec", {}).get("model"))
+    nranks = data.run.get("world_size") or 0
     figs = []
-    rows = {}  # (mode, config) -> list of summary rows sorted by size
-    for r in summary.sort_values("size_bytes").itertuples(index=False):
-        rows.setdefault((r.mode, r.config), []).append(r)
+    times = celltime.cell_times(values)  # the lines: each cell's gmean, the number every table shows
+    rows = {}  # (mode, config) -> [(size, CellTime)] sorted by size
+    for (c, size, mode), t in sorted(times.items(), key=lambda kv: kv[0][1]):
+        rows.setdefault((mode, c), []).append((size, t))
     for mode in verdicts.modes or sorted({m for m, _ in rows}):
         lat, bw = [], []
         for c in configs:
@@ -135,27 +190,35 @@ def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[sta
             if not rs:
                 continue
             name = plot_text(c)
-            xs = [int(r.size_bytes) for r in rs]
+            xs = [size for size, _ in rs]
             lat.append({"type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": name,
-                        "x": xs, "y": [r.median_us for r in rs], "line": {"color": color[c]},
-                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.2f}} us (median of launches)<extra></extra>"})
-            pts = [m for m in medians if m.config == c and m.mode == mode]
+                        "x": xs, "y": [round(t.us, 3) for _, t in rs], "line": {"color": color[c]},
+                        "customdata": [t.launches for _, t in rs],
+                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.2f}} us (gmean of %{{customdata}} launches)"
+                                         "<extra></extra>"})
+            pts = [m for m in values if m.config == c and m.mode == mode]
             lat.append({"type": "scatter", "mode": "markers", "name": name + " launches", "legendgroup": name,
                         "showlegend": False, "x": [m.size_bytes for m in pts], "y": [round(m.us, 3) for m in pts],
                         "text": [f"launch {m.launch} (stage {m.stage})" for m in pts],
                         "marker": {"color": color[c], "size": 5, "opacity": 0.55, "symbol": "circle-open"},
                         "hovertemplate": f"{name} %{{text}}<br>%{{x}} B: %{{y:.2f}} us<extra></extra>"})
             bw.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": xs,
-                       "y": [r.busbw_gbps for r in rs], "line": {"color": color[c]},
+                       "y": [round(collectives.busbw_gbps(size, t.us, nranks), 4) for size, t in rs],
+                       "line": {"color": color[c]},
                        "hovertemplate": f"{name}<br>%{{x}} B: %{{y:.3f}} GB/s<extra></extra>"})
         what = "one step of the TP model (commdiag step)" if step_run else "per all-reduce"
+        xs_all = [x for t in lat for x in t["x"]]
+        ys_all = [y for t in lat for y in t["y"]]
         figs.append({"id": f"latency-{mode}", "title": f"Latency vs size ({mode})", "data": lat,
-                     "layout": _layout(f"Latency {what} vs size, {mode} mode (points: each launch's value, the trimmed geometric mean)",
-                                       _axis("all-reduce size per rank (bytes)"), _axis("time (us)"))})
+                     "layout": _layout(f"Latency {what} vs size, {mode} mode (line: gmean; points: each launch's "
+                                       "value)",
+                                       _axis("all-reduce size per rank (bytes)", values=xs_all, as_bytes=True),
+                                       _axis("time (us)", values=ys_all))})
         if not step_run:  # a step's time is not one all-reduce's: a bandwidth from it would mean nothing
             figs.append({"id": f"busbw-{mode}", "title": f"Bus bandwidth vs size ({mode})", "data": bw,
                          "layout": _layout(f"Bus bandwidth vs size, {mode} mode",
-                                           _axis("size per rank (bytes)"), _axis("busbw (GB/s)", log=False))})
+                                           _axis("size per rank (bytes)", values=xs_all, as_bytes=True),
+                                           _axis("busbw (GB/s)", log=False))})
         figs.append(_heatmap(verdicts, mode, configs, tokens_by_size))
     stage2 = _stage2_figure(verdicts)
     if stage2:
@@ -165,59 +228,87 @@ def figures(data: results.RunData, verdicts: verdict.Verdicts, medians: list[sta
             continue
         over = []
         for c in configs:
-            g = {int(r.size_bytes): r.median_us for r in rows.get((graph_mode, c), [])}
-            e = {int(r.size_bytes): r.median_us for r in rows.get((eager_mode, c), [])}
+            g = {size: t.us for size, t in rows.get((graph_mode, c), [])}
+            e = {size: t.us for size, t in rows.get((eager_mode, c), [])}
             xs = sorted(set(g) & set(e))
             if xs:
                 over.append({"type": "scatter", "mode": "lines+markers", "name": plot_text(c), "x": xs,
                              "y": [round(e[s] - g[s], 3) for s in xs], "line": {"color": color[c]},
                              "customdata": [[g[s], e[s]] for s in xs],
                              "hovertemplate": plot_text(c) + "<br>%{x} B: eager %{customdata[1]:.2f} us - graph "
-                                              "%{customdata[0]:.2f} us = %{y:.2f} us<extra></extra>"})
+                                              "%{customdata[0]:.2f} us = %{y:.2f} us (gmeans)<extra></extra>"})
         suffix = "" if via == "torch" else "-direct"
         figs.append({"id": f"graph-vs-eager{suffix}", "title": f"Graph vs eager (via {via})", "data": over,
                      "layout": _layout(f"Eager minus graph time per all-reduce via {via}: the launch overhead "
-                                       "without CUDA graphs", _axis("size per rank (bytes)"),
+                                       "without CUDA graphs",
+                                       _axis("size per rank (bytes)", values=[x for t in over for x in t["x"]],
+                                             as_bytes=True),
                                        _axis("eager - graph (us)", log=False))})
     return figs
 
 
 def _heatmap(verdicts: verdict.Verdicts, mode: str, configs: list[str], tokens_by_size: dict) -> dict:
-    """Screening estimates per config x size: colour only beyond the 3% minimum effect, and the title
-    says these are estimates (certified claims are per band, in the Certified answer table)."""
+    """Screening estimates per config x size, in grey: estimates are not verdicts.  A cell is coloured
+    only where stage 2 (a band claim covering its size) or --certify-sizes certified the config
+    faster or slower, with the certified percentage (green lower time, red higher)."""
     cells = {(c.config, c.size_bytes): c for c in verdicts.screening.cells if c.mode == mode}
     sizes = sorted({c.size_bytes for c in cells.values()})
     ys = [c for c in configs if c != stats.DEFAULT and any((c, s) in cells for s in sizes)]
-    z, text, hover = [], [], []
+    certified = _certified_cells(verdicts, mode)
+    grey, grey_text, colour, colour_text, hover = [], [], [], [], []
     for c in ys:
-        zr, tr, hr = [], [], []
+        gz, gt, cz, ct, hr = [], [], [], [], []
         for s in sizes:
             cell = cells.get((c, s))
+            cert = certified.get((c, s))
             if cell is None or cell.ratio is None:
-                zr.append(None), tr.append(""), hr.append("no data")
+                gz.append(None), gt.append(""), cz.append(None), ct.append(""), hr.append("no data")
                 continue
             pct = (cell.ratio - 1) * 100
-            big = abs(cell.ratio - 1) >= verdicts.min_effect
-            zr.append(round(max(-50.0, min(50.0, pct)), 2) if big else 0.0)
-            tr.append(f"{pct:+.0f}%" if big else "~")
-            hr.append(plot_text(f"{c} at {size_label(s, cell.tokens)}: screening {cell.label}; "
-                          f"{cell.launches} vs {cell.default_launches} launches"
-                          + ("" if cell.eligible else " (excluded from winners)")))
-        z.append(zr), text.append(tr), hover.append(hr)
+            what = (f"{c} at {size_label(s, cell.tokens)}: screening {cell.label}; "
+                    f"{cell.launches} vs {cell.default_launches} launches"
+                    + ("" if cell.eligible else " (excluded from winners)"))
+            if cert is not None:
+                cpct = (cert[0] - 1) * 100
+                gz.append(0.0), gt.append("")  # under the colour; it carries the cell's hover
+                cz.append(round(max(-50.0, min(50.0, cpct)), 2)), ct.append(f"{cpct:+.0f}%")
+                hr.append(plot_text(f"{what}; certified: {cert[1]}"))
+            else:
+                gz.append(0.0), gt.append(f"({pct:+.0f}%)" if abs(cell.ratio - 1) >= verdicts.min_effect else "~")
+                cz.append(None), ct.append("")
+                hr.append(plot_text(what))
+        grey.append(gz), grey_text.append(gt), colour.append(cz), colour_text.append(ct), hover.append(hr)
     xs = [size_label(s, tokens_by_size.get(s)) for s in sizes]
-    data = [{"type": "heatmap", "z": z, "x": xs, "y": [plot_text(c) for c in ys], "text": text, "customdata": hover,
-             "texttemplate": "%{text}", "zmin": -50, "zmax": 50, "zmid": 0,
-             "colorscale": [[0, "#7fbf7b"], [0.5, "#eeeeee"], [1, "#ef8a62"]],
-             "colorbar": {"title": {"text": "% vs default"}}, "xgap": 1, "ygap": 1,
-             "hovertemplate": "%{customdata}<extra></extra>"}]
+    common = {"x": xs, "y": [plot_text(c) for c in ys], "texttemplate": "%{text}", "xgap": 1, "ygap": 1}
+    # the grey layer holds every cell and its hover; the colour layer only the certified cells
+    data = [{"type": "heatmap", "z": grey, "text": grey_text, "zmin": -1, "zmax": 1, "showscale": False,
+             "colorscale": [[0, "#e4e4e4"], [1, "#e4e4e4"]], "name": "estimates", "customdata": hover,
+             "hovertemplate": "%{customdata}<extra></extra>", **common},
+            {"type": "heatmap", "z": colour, "text": colour_text, "zmin": -50, "zmax": 50, "zmid": 0,
+             "colorscale": [[0, "#7fbf7b"], [0.5, "#f7f7f7"], [1, "#ef8a62"]], "name": "certified",
+             "hoverinfo": "skip", "colorbar": {"title": {"text": "certified % vs default"}}, **common}]
     height = max(300, 120 + 22 * len(ys))
-    layout = _layout(f"Screening estimates vs default, {mode} mode: not verdicts (~ within 3%; green lower time, "
-                     "red higher)", {"type": "category", "title": {"text": "size"}},
+    layout = _layout(f"Vs default, {mode} mode: grey (+x%) = estimate, ~ within 3%; coloured = certified",
+                     {"type": "category", "title": {"text": "size"}},
                      {"type": "category", "autorange": "reversed"}, height=height)
     # config names label the rows: leave room for the longest (grid names like PROTO=LL128,ALGO=Tree)
     layout["margin"] = {**layout["margin"], "l": min(400, 20 + 7 * max((len(c) for c in ys), default=8))}
     return {"id": f"speedup-{mode}", "title": f"Screening estimates vs default ({mode})", "data": data,
             "layout": layout}
+
+
+def _certified_cells(verdicts: verdict.Verdicts, mode: str) -> dict[tuple[str, int], tuple[float, str]]:
+    """(config, size) -> (certified ratio, its answer) in ``mode``: a size certified on its own
+    (--certify-sizes), else every size of a band certified in stage 2."""
+    out: dict[tuple[str, int], tuple[float, str]] = {}
+    for c in verdicts.certifications:
+        if c.certified and c.claim.mode == mode and c.ratio is not None:
+            for s in verdicts.screening.band_sizes.get(c.claim.band, ()):
+                out[(c.claim.config, s)] = (c.ratio, f"band {c.claim.band}: {c.text}")
+    for c in verdicts.size_certifications:
+        if c.certified and c.claim.mode == mode and c.ratio is not None and c.claim.size_bytes is not None:
+            out[(c.claim.config, c.claim.size_bytes)] = (c.ratio, c.text)
+    return out
 
 
 def _stage2_figure(verdicts: verdict.Verdicts) -> dict | None:
@@ -234,7 +325,8 @@ def _stage2_figure(verdicts: verdict.Verdicts) -> dict | None:
                          "hovertemplate": f"{label}<br>{plot_text(arm)}: %{{y:.3f}} us<extra></extra>"})
     return {"id": "stage2", "title": "Stage 2 launches per claim", "data": data,
             "layout": _layout("Stage 2: each fresh launch's band value (us, geometric mean over the band's sizes)",
-                              {"type": "category"}, _axis("band value (us)"))}
+                              {"type": "category"},
+                              _axis("band value (us)", values=[y for t in data for y in t["y"]]))}
 
 
 # ---------------------------------------------------------------- HTML
@@ -302,7 +394,7 @@ def _screening_matrix(verdicts: verdict.Verdicts, mode: str, tokens_by_size: dic
                 row.append("<td>n/a</td>")
                 continue
             title = (f"{cell.label}; {_num(cell.time_us)} vs {_num(cell.default_us)} us; launches "
-                     f"{', '.join(f'{v:g}' for v in cell.launch_us)} vs {', '.join(f'{v:g}' for v in cell.default_launch_us)}")
+                     f"{', '.join(plain(v) for v in cell.launch_us)} vs {', '.join(plain(v) for v in cell.default_launch_us)}")
             row.append(f"<td class=\"num\" title=\"{esc(title)}\">{(cell.ratio - 1) * 100:+.1f}%</td>")
         out.append("<tr>" + "".join(row) + "</tr>")
     out.append("</table>")
@@ -327,7 +419,7 @@ def _certified_section(verdicts: verdict.Verdicts) -> str:
                          f"<span class=\"{cls}\">{esc(c.text)}</span>"
                          + "".join(f"<br><span class=\"bad\">{esc(t.strip())}</span>"
                                    for t in machinereport.claim_lines(verdicts, c, "")),
-                         esc(", ".join(f"{v:g}" for v in c.config_us)), esc(", ".join(f"{v:g}" for v in c.default_us))])
+                         esc(", ".join(plain(v) for v in c.config_us)), esc(", ".join(plain(v) for v in c.default_us))])
         out.append(_table(["config", "mode", "where", "tested", "why a claim", "answer", "config launches (us)",
                            "default launches (us)"], rows, raw_cells=True))
     out.append(_table(["mode", "band", "winner"], [[w.mode, w.band, w.text] for w in verdicts.band_winners]))
@@ -371,11 +463,11 @@ def _confirmations(run: dict) -> str:
     return _table(["config", "variable", "set to", "seen per rank (launch)"], rows, raw_cells=True)
 
 
-def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[stats.LaunchValue]) -> str:
+def build_html(data: results.RunData, verdicts: verdict.Verdicts, values: list[stats.LaunchValue]) -> str:
     run = data.run
     spec = run.get("spec", {})
     tokens_by_size = {s["bytes"]: s.get("tokens") for s in spec.get("sizes", [])}
-    figs = figures(data, verdicts, medians)
+    figs = figures(data, verdicts, values)
     counts: dict[str, int] = {}
     for l in run.get("launches", []):
         counts[l["status"]] = counts.get(l["status"], 0) + 1
@@ -384,7 +476,7 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
          _table(["run folder", "spec file", "backend", "ranks", "created (UTC)", "state", "launches"],
                 [[str(data.path), run.get("spec_file"), spec.get("backend"), run.get("world_size"),
                   run.get("created_utc"), run.get("state"), ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))]]),
-         "<p>Verdicts come in two stages (README, Verdicts). Stage 1, screening: the interleaved trials give "
+         f"<p>Verdicts come in two stages ({doc_link('verdicts.md')}). Stage 1, screening: the interleaved trials give "
          "estimates per config, size and band, with every launch's value; they pick the claims. Stage 2, "
          "confirmation: fresh rounds of default and the claimed configs, an exact paired test per claim on "
          "the log-ratios within each round; only a "
@@ -393,6 +485,8 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
         b.append("<ul class=\"warn\">" + "".join(f"<li>{esc(w)}</li>" for w in
                                                   list(run.get("warnings", [])) + list(verdicts.warnings)) + "</ul>")
     b.append("<h2>Certified answer</h2>")
+    b.append("<p>Terms (" + doc_link("glossary.md") + "): "
+             + ", ".join(doc_link("glossary.md", anchor, term) for term, anchor in TERMS) + ".</p>")
     b.append(_certified_section(verdicts))
     b.append("<h2>Screening estimates per band (stage 1, not verdicts)</h2>")
     b.append("<p>Bands: " + esc(", ".join(f"{k} {band_text(v)}" for k, v in verdicts.bands.items())) + "</p>")
@@ -400,7 +494,7 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
         b.append(_table(["config", "mode", "band", "ratio (estimate)", "screening", "launch values (us)",
                          "default's (us)"],
                         [[c.config, c.mode, c.band, _num3(c.ratio), c.label,
-                          ", ".join(f"{v:g}" for v in c.launch_us), ", ".join(f"{v:g}" for v in c.default_launch_us)]
+                          ", ".join(plain(v) for v in c.launch_us), ", ".join(plain(v) for v in c.default_launch_us)]
                          for c in verdicts.screening.band_cells]))
     if verdicts.excluded:
         b.append("<p>Never winners (a failed, timed-out or incorrect launch, or wrong elements):</p>")
@@ -408,7 +502,8 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
     b.append("<h2>Plots</h2>")
     b.append(plot_divs(figs))
     b.append("<h2>Timings</h2>")
-    b.append(_timings_section(data.summary, tokens_by_size))
+    b.append(_timings_section(data.summary, tokens_by_size, values, run.get("world_size") or 0,
+                              bool(spec.get("model"))))
     for mode in verdicts.modes:
         b.append(f"<h2>Screening estimates vs default, {esc(mode)} mode</h2>"
                  "<p>Estimated change vs default (ratio - 1) from stage 1; not verdicts. Hover a cell for the "
@@ -446,20 +541,25 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, medians: list[
     return page(f"commdiag report: {spec.get('name')}", "\n".join(b), figs)
 
 
-def _timings_section(summary, tokens_by_size: dict) -> str:
+def _timings_section(summary, tokens_by_size: dict, values: list[stats.LaunchValue], nranks: int,
+                     step_run: bool) -> str:
     """Every time with its spread and launch count (what the plots show on hover), one table per mode."""
     if summary.empty:
         return "<p>No samples.</p>"
-    out = ["<p>time = median of the launches' medians; p10-p90 over all samples; launch medians = the "
-           "spread between launches, the noise verdicts are judged against.</p>"]
+    times = celltime.cell_times(values)
+    out = [f"<p>{esc(celltime.LEGEND)}; samples p10-p90: over every iteration of every launch"
+           + ("" if step_run else "; busbw: GB/s at the gmean") + ".</p>"]
     for mode in sorted(set(summary["mode"]), key=lambda m: (m.endswith("-direct"), m != "graph", m)):
-        rows = [[size_label(int(r.size_bytes), tokens_by_size.get(int(r.size_bytes))), r.config,
-                 f"{r.median_us:.2f}", f"{r.p10_us:.2f}-{r.p90_us:.2f}",
-                 f"{r.launch_median_min_us:.2f}-{r.launch_median_max_us:.2f}", str(r.launches),
-                 f"{r.busbw_gbps:.3f}", str(r.wrong)]
-                for r in summary[summary["mode"] == mode].sort_values(["size_bytes", "config"]).itertuples()]
+        rows = []
+        for r in summary[summary["mode"] == mode].sort_values(["size_bytes", "config"]).itertuples():
+            t = times.get((str(r.config), int(r.size_bytes), mode))
+            bw = "-" if step_run or t is None else f"{collectives.busbw_gbps(int(r.size_bytes), t.us, nranks):.3f}"
+            rows.append([size_label(int(r.size_bytes), tokens_by_size.get(int(r.size_bytes))), r.config,
+                         "n/a" if t is None else f"{t.us:.2f}",
+                         "-" if t is None else f"{t.lo_us:.2f}-{t.hi_us:.2f}", str(0 if t is None else t.launches),
+                         f"{r.p10_us:.2f}-{r.p90_us:.2f}", bw, str(r.wrong)])
         out.append(f"<details><summary>{esc(mode)} ({len(rows)} rows)</summary>"
-                   + _table(["size", "config", "time (us)", "p10-p90 (us)", "launch medians (us)", "launches",
+                   + _table(["size", "config", "gmean (us)", "min-max (us)", "launches", "samples p10-p90 (us)",
                              "busbw (GB/s)", "#wrong"], rows) + "</details>")
     return "\n".join(out)
 
@@ -615,7 +715,13 @@ def _fit(name: str, width: int) -> str:
 
 
 def _vals(vs) -> str:
-    return "[" + ", ".join(f"{v:.4g}" for v in vs) + "]"
+    return "[" + ", ".join(plain(v) for v in vs) + "]"
+
+
+def plain(v: float) -> str:
+    """A time as a plain number with about four significant digits, never 2.631e+04."""
+    a = abs(v)
+    return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 100 else f"{v:.2f}" if a >= 10 else f"{v:.3f}"
 
 
 def _num3(v) -> str:

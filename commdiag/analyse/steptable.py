@@ -7,10 +7,17 @@ step), then summarised over launches with its spread.  ``t(step-comm) / t(step)`
 all-reduces alone) is shown beside it: when it is larger than the share, part of the
 communication overlaps compute or waits less inside the step than it does alone.
 
-Every number is a per-launch value (the trimmed geometric mean of the launch's samples,
-stats.launch_values) summarised as the median over launches, with the range and the
+Every number comes from per-launch values (the trimmed geometric mean of the launch's
+samples, stats.launch_values).  Times are summarised as the gmean over launches, the same
+number the sweep table, the report and ``compare`` show for that cell (celltime.py);
+shares, a ratio per launch, as the median over launches.  Each with the range and the
 launch count.  Which config changes the step time beyond the noise is decided by the
 verdicts (stage 2, certify.py), never by this table.
+
+Format history of the JSON table (``commdiag-step-table``):
+    1  each number ``{median, lo, hi, launches}``, times and shares alike the median over launches.
+    2  each number ``{value, stat, lo, hi, launches}``: ``stat`` "gmean" for times (as every other
+       table), "median" for the shares.
 """
 
 from __future__ import annotations
@@ -18,20 +25,22 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from . import stats
+from . import celltime, stats
+from .report import _fit
 
-STEP_TABLE_VERSION = 1
+STEP_TABLE_VERSION = 2
 
 
 @dataclass(frozen=True)
 class Spread:
-    median: float
+    value: float  # the gmean (times) or the median (shares) over launches: ``stat``
     lo: float
     hi: float
     launches: int
+    stat: str = "median"
 
     def text(self, fmt: str = "{:.1f}", scale: float = 1.0) -> str:
-        return (fmt.format(self.median * scale) + " [" + fmt.format(self.lo * scale) + "-"
+        return (fmt.format(self.value * scale) + " [" + fmt.format(self.lo * scale) + "-"
                 + fmt.format(self.hi * scale) + f"] n={self.launches}")
 
 
@@ -46,16 +55,24 @@ class StepRow:
     comm_us: Spread | None
     comm_share: Spread | None     # 1 - compute/step, per launch
     comm_alone: Spread | None     # comm/step, per launch
-    tokens_per_s: float | None    # tokens / median step time
+    tokens_per_s: float | None    # tokens / the step's gmean
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def _spread(xs: list[float]) -> Spread | None:
+    """A share over launches: its median."""
     if not xs:
         return None
     return Spread(stats.median(xs), min(xs), max(xs), len(xs))
+
+
+def _times(logs: list[float]) -> Spread | None:
+    """A time over launches (launch values, ln us): its gmean, as every table shows a time."""
+    if not logs:
+        return None
+    return Spread(celltime.gmean(logs), math.exp(min(logs)), math.exp(max(logs)), len(logs), "gmean")
 
 
 def step_rows(values: list[stats.LaunchValue], run: dict) -> list[StepRow]:
@@ -77,11 +94,10 @@ def step_rows(values: list[stats.LaunchValue], run: dict) -> list[StepRow]:
                 full = {l: by[(c, size, mode, l)] for l in ls}
                 comp = {l: by[k] for l in ls if (k := (c, size, f"{mode}-compute", l)) in by}
                 comm = {l: by[k] for l in ls if (k := (c, size, f"{mode}-comm", l)) in by}
-                s = _spread([math.exp(v) for v in full.values()])
-                tps = tokens[size] / (s.median * 1e-6) if tokens[size] and s.median > 0 else None
+                s = _times(list(full.values()))
+                tps = tokens[size] / (s.value * 1e-6) if tokens[size] and s.value > 0 else None
                 rows.append(StepRow(
-                    c, tokens[size], size, mode, s,
-                    _spread([math.exp(v) for v in comp.values()]), _spread([math.exp(v) for v in comm.values()]),
+                    c, tokens[size], size, mode, s, _times(list(comp.values())), _times(list(comm.values())),
                     _spread([1.0 - math.exp(v - full[l]) for l, v in comp.items()]),
                     _spread([math.exp(v - full[l]) for l, v in comm.items()]), tps))
     return rows
@@ -92,25 +108,39 @@ def to_json(rows: list[StepRow]) -> dict:
 
 
 def render(rows: list[StepRow], names=str) -> str:
-    """The console table (under 100 columns per line: each row is two lines)."""
+    """The console table, under 100 columns: per row the step's gmean, then the share and what the
+    all-reduces alone mean beside it."""
     if not rows:
         return "step: no measured steps yet"
-    out = ["step time and the all-reduces' share (per launch; median [min-max] over n launches; "
-           "share = 1 - compute-only / step)"]
+    out = ["step time and the all-reduces' share",
+           "  step: gmean [min-max] over n launches; comm share: 1 - compute-only / step per launch, median"]
+    width = max(len(r.step_us.text()) for r in rows)
     for mode in dict.fromkeys(r.mode for r in rows):
         out.append(f"  {mode} mode")
-        out.append(f"  {'tokens':>6}  {'config':<14} {'step (us)':<32} {'tokens/s':>10}")
+        out.append(f"  {'tokens':>6}  {'config':<20} {'step gmean (us)':<{width}} {'tokens/s':>10}")
         for r in (r for r in rows if r.mode == mode):
             tps = f"{r.tokens_per_s:10.0f}" if r.tokens_per_s else f"{'-':>10}"
-            out.append(f"  {r.tokens if r.tokens is not None else '-':>6}  {names(r.config)[:14]:<14} "
-                       f"{r.step_us.text():<32} {tps}")
+            out.append(f"  {r.tokens if r.tokens is not None else '-':>6}  {_fit(names(r.config), 20):<20} "
+                       f"{r.step_us.text():<{width}} {tps}")
             parts = []
             if r.comm_share:
                 parts.append("comm share " + r.comm_share.text("{:.1f}%", 100.0).replace(f" n={r.comm_share.launches}", ""))
             if r.compute_us:
-                parts.append(f"compute-only {r.compute_us.median:.1f} us")
-            if r.comm_alone:
-                parts.append(f"all-reduces alone {r.comm_alone.median * 100:.1f}% of the step")
+                parts.append(f"compute-only {r.compute_us.value:.1f} us")
             if parts:
                 out.append("          " + "; ".join(parts))
+            if r.comm_alone:
+                out.append(f"          all-reduces alone {r.comm_alone.value * 100:.1f}% of the step"
+                           + _alone_meaning(r.comm_alone.value, r.comm_share.value if r.comm_share else None))
     return "\n".join(out)
+
+
+def _alone_meaning(alone: float, share: float | None) -> str:
+    """One line's meaning of the all-reduces alone against the share (docs/step.md)."""
+    if share is None or share <= 0:
+        return ""
+    if abs(alone / share - 1) <= 0.1:
+        return ": about the share: they add their own time to the step"
+    if alone > share:
+        return ": more than the share: part of it hides inside the step"
+    return ": less than the share: they cost more inside the step"

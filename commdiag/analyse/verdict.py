@@ -154,10 +154,12 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
     if not twins:
         return notes
     names = ", ".join(twins)
+    loose = [c for c in twins if envs[c] != envs.get(stats.DEFAULT, {})]  # identical only because gloo ignores NCCL_*
     decided = {c.claim.config for c in v.certifications if c.claim.config in twins and c.reachable}
     if v.status in (SCREENING_ONLY, PENDING, NOT_CERTIFIABLE) or (
             any(c.claim.config in twins for c in v.certifications) and not decided):
-        notes.append(f"A/A check ({names} identical to default): not decided yet ({v.status})")
+        same = "identical to default" + (" under gloo, which never loads NCCL" if loose else "")
+        notes.append(f"A/A check ({names} {same}): not decided yet ({v.status})")
         return notes
     false = [c for c in v.certifications if c.certified and c.claim.config in twins]
     if false:
@@ -165,7 +167,9 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
                      f"{false[0].claim.where} though identical: do not trust a sweep on this machine until it passes")
     else:
         tested = sorted({c.claim.config for c in v.certifications if c.claim.config in twins})
-        notes.append(f"A/A check: PASS: {names} (identical to default) "
+        same = (", identical to default under gloo (gloo never loads NCCL):" if loose
+                else " (identical to default)")
+        notes.append(f"A/A check: PASS: {names}{same} "
                      + ("tested in stage 2 and not certified" if tested else "not even a screening candidate"))
     return notes
 

@@ -372,13 +372,14 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
 def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
     """The first thing a sweep prints: where it writes, how many launches, about how long."""
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
-    per = _mean_wall(run) or EST_LAUNCH_S.get(spec.backend, 15.0)
+    per = _mean_wall(run)  # this run's own launches (a resume); none yet: no guess, the progress lines say
     stage1 = sum(1 for l in pending if int(l.get("stage", 1)) == 1)
     then = ("; then stage 2 (confirmation; its plan is printed when screening ends)"
             if run.get("confirm_requested", True) and run.get("confirmation") is None else "")
     line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
             + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
-            + f", about {len(pending) * per / 60:.1f} min at ~{per:.0f} s a launch{then}")
+            + (f", about {len(pending) * per / 60:.1f} min at this run's {per:.0f} s a launch" if per
+               else "; the ETA follows from this machine's own launches, from the first one on") + then)
     lines = [line]
     if spec.confirm_rounds and then:
         _, most, _ = _spec_families(spec)
@@ -387,7 +388,7 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
             lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
                          f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
                          "the rounds every claim needs)")
-    return StagePlan("start", len(pending), len(pending) * per, tuple(wrapped(lines)))
+    return StagePlan("start", len(pending), len(pending) * per if per else None, tuple(wrapped(lines)))
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
