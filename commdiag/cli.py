@@ -60,8 +60,8 @@ class _Group(click.Group):
     any other exception is one line naming what failed (exit 2), its traceback behind --debug.
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
-    ORDER = ("doctor", "sweep", "confirm", "step", "report", "compare", "explain", "install-hook", "tuner", "check-env",
-             "detect")
+    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "ab", "report", "compare", "explain", "install-hook", "tuner",
+             "check-env", "detect")
 
     def list_commands(self, ctx):
         names = super().list_commands(ctx)
@@ -223,7 +223,7 @@ def _print_plan(plan) -> None:
 
 def _finish_run(res, as_json: bool) -> None:
     """What sweep and confirm print at the end: the table, the two-stage answer, report and profiles."""
-    from .analyse import report
+    from .analyse import report, verdict
     from .formats import results
 
     data = results.load_run(res.run_dir)
@@ -231,7 +231,7 @@ def _finish_run(res, as_json: bool) -> None:
     pub = report.publish(res.run_dir, data) if res.state == "complete" else None
     step = _step_table(data)
     if as_json:
-        _echo(json.dumps({"format": "commdiag-sweep-result", "version": 2, "run_dir": str(res.run_dir),
+        _echo(json.dumps({"format": "commdiag-sweep-result", "version": verdict.VERDICTS_VERSION, "run_dir": str(res.run_dir),
                                "state": res.state, "launches": res.counts,
                                "summary": json.loads(data.summary.to_json(orient="records")),
                                "verdicts": pub.verdicts.to_json() if pub else None,
@@ -257,11 +257,72 @@ def _finish_run(res, as_json: bool) -> None:
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
 
 
+@main.command("ab", short_help="Certified A/B of your own benchmark: better, worse, equivalent?",
+              context_settings={"ignore_unknown_options": True})
+@click.argument("spec_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a spec key, e.g. --set rounds=10.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path),
+              help="Run folder (default: reports/<UTC timestamp>-ab-<name>/).")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Continue an interrupted ab run folder; finished launches are not redone.")
+@click.option("--config", "configs", multiple=True, metavar="NAME=PROFILE",
+              help="One-line form: an arm from a profile.env (repeatable); the command follows --.")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME:higher|lower:REGEX | PRESET:FIELD",
+              help="One-line form: a metric from the command's stdout, or a preset's field (repeatable).")
+@click.option("--rounds", default=None, help="One-line form: rounds (default auto).")
+@click.option("--min-effect", type=float, default=None, help="One-line form: smallest change worth it (0.03).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_effect, as_json):
+    """Run your own benchmark command (and server) per NCCL config, interleaved in shuffled rounds, and
+    certify each metric against default: better, worse, equivalent within min_effect, or inconclusive
+    with the rounds that would decide it (docs/ab.md)."""
+    from .ab import render, runner, spec as ab_spec
+
+    quick = bool(configs or metrics or command)
+    if resume is not None and (spec_file or sets or out or quick):
+        raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; give nothing else")
+    spec = None
+    if resume is None:
+        if quick:
+            argv = ([str(spec_file)] if spec_file else []) + list(command)
+            spec = ab_spec.quick(argv, list(configs), list(metrics), rounds, min_effect)
+        elif spec_file is None:
+            raise click.UsageError("give a SPEC_FILE, --resume RUN_DIR, or --config/--metric -- CMD ARGS")
+        else:
+            spec = ab_spec.load(spec_file, sets)
+        for w in spec.warnings:
+            _echo(f"commdiag: warning: {w}", err=True)
+    progress = None if as_json else (lambda p: _echo(_ab_progress(p), err=True))
+    res = runner.run_ab(spec, run_dir=out, resume=resume, on_progress=progress,
+                        on_start=None if as_json else (lambda line: _echo(line, err=True)))
+    run = runner.load(res.run_dir)
+    a = render.analyse(run)
+    if as_json:
+        _echo(json.dumps(render.to_json(res.run_dir, run, a, res.counts), indent=1))
+    else:
+        _echo(render.render_text(run, a))
+        _echo(f"\nrun folder: {res.run_dir}   launches: " + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
+        if res.state == "interrupted":
+            _echo(f"interrupted: no verdicts from a partial run; continue with  commdiag ab --resume {res.run_dir}")
+    if res.state == "interrupted":
+        sys.exit(errors.EXIT_INTERRUPTED)
+    sys.exit(errors.EXIT_OK if set(res.counts) <= {"ok"} else errors.EXIT_LAUNCHES_FAILED)
+
+
+def _ab_progress(p) -> str:
+    l = p.launch
+    extra = f" ({l.get('error', '')[:60]})" if l["status"] != "ok" else ""
+    return (f"[{p.done}/{p.total}] {l['config']} round {l['round'] + 1}: {l['status']}{extra} "
+            f"in {l.get('wall_s', 0):.1f}s  ETA {_fmt_s(p.eta_s)}")[:100]
+
+
 @main.command("confirm", short_help="Stage 2 of a run: confirm its candidates on fresh launches.")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--rounds", type=click.IntRange(3, 200), default=None,
-              help="Rounds of stage 2 (default: the fewest that can certify, at least 6). On a confirmed run: "
-                   "add this many rounds (a further look, tested at half the previous threshold).")
+              help="Rounds of stage 2 (default: the fewest at which the paired test can certify every claim). "
+                   "On a confirmed run: add this many rounds (a further look, tested at half the previous "
+                   "threshold).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 def confirm_cmd(run_dir, rounds, as_json):
     """Stage 2 on an existing run: confirm the screening's candidates on fresh launches (or finish or extend it)."""
@@ -272,16 +333,38 @@ def confirm_cmd(run_dir, rounds, as_json):
     _finish_run(res, as_json)
 
 
-@main.command("explain", short_help="What NCCL chose per size: algorithm, protocol, channels.")
-@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@main.command("explain", short_help="What NCCL chose: algorithm, protocol, channels, transports.")
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--log", "logs", multiple=True, metavar="FILE",
+              help="Explain a saved NCCL log (NCCL_DEBUG=INFO) of any process instead of a run: one file per rank "
+                   "or one combined file (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--no-run", is_flag=True, help="Only show what an earlier explain stored; launch nothing.")
-def explain_cmd(run_dir, as_json, no_run):
-    """What NCCL chose (algorithm, protocol, channels) per config and size of an nccl run (GPU machine).
+def explain_cmd(run_dir, logs, as_json, no_run):
+    """What NCCL chose (algorithm, protocol, channels) per config and size of an nccl run (GPU machine), and
+    the transport it connected each GPU pair with (P2P, SHM, NET), per config and against default.
 
     One untimed launch per config with NCCL's TUNING log. NCCL >= 2.24 logs names and channel ranges;
     older versions log numeric ids (mapped to names, channels unknown) or nothing, which is said plainly.
-    A gloo run is refused: gloo never loads NCCL."""
+    A gloo run is refused: gloo never loads NCCL.
+
+    --log FILE...: explain a saved NCCL log of any process (e.g. your inference server's, with
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV): version, the NCCL_* values NCCL applied, the transport
+    per GPU pair, rings and trees, tuner plugin lines. Nothing is launched."""
+    if logs:
+        if run_dir is not None or no_run:
+            raise click.UsageError("--log FILE explains a saved log; do not give a RUN_DIR or --no-run with it")
+        from .nccl import logreport
+
+        rep = logreport.explain_logs(logs)
+        if as_json:
+            _echo(json.dumps({"format": logreport.LOG_FORMAT, "version": logreport.LOG_VERSION, **rep.to_json()},
+                             indent=1))
+        else:
+            _echo(logreport.render(rep))
+        return
+    if run_dir is None:
+        raise click.UsageError("give a RUN_DIR, or --log FILE for a saved NCCL log")
     from .measure import explain as explain_mod
     from .formats import results
 
@@ -308,13 +391,14 @@ def report_cmd(run_dir, out, as_json):
 
     if out is not None:
         check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
+    from .analyse import verdict
     from .formats import results
 
     data = results.load_run(run_dir)  # once: the report and the step table read the same run
     path, verdicts = report.write_report(run_dir, out, data=data)
     step = _step_table(data)
     if as_json:
-        _echo(json.dumps({"format": "commdiag-verdicts", "version": 2, "run_dir": str(run_dir),
+        _echo(json.dumps({"format": "commdiag-verdicts", "version": verdict.VERDICTS_VERSION, "run_dir": str(run_dir),
                                "report": str(path), "verdicts": verdicts.to_json(),
                                **({"step": step[1]} if step else {})}, indent=1), wrap=False)
     else:
@@ -380,23 +464,41 @@ def _var_line(v) -> str:
 @click.option("--no-torchrun", is_flag=True,
               help="With --propagation: skip the two torchrun paths (a torchrun worker and its spawn grandchild).")
 @click.option("--nccl", "nccl", is_flag=True,
-              help="GPU machine: bring NCCL up (NCCL_DEBUG=INFO, SUBSYS=ENV) and compare what it applied, per rank.")
+              help="GPU machine: bring NCCL up (NCCL_DEBUG=INFO, SUBSYS=ENV,INIT) and compare what it applied, per "
+                   "rank; show the transport NCCL connected each GPU pair with.")
 @click.option("--nproc", type=int, default=None,
               help="With --nccl: ranks (one process per GPU) to start (default: every visible GPU).")
 @click.option("--conf-root", type=click.Path(file_okay=False), default=None, hidden=True,
               help="Read nccl.conf files under this staged root (tests).")
+@click.option("--libs", is_flag=True,
+              help="Which libnccl torch and SGLang's/vLLM's PyNccl load in this interpreter's environment "
+                   "(SGLANG_NCCL_SO_PATH, VLLM_NCCL_SO_PATH, else libnccl.so.2); exit 1 on a version mismatch. "
+                   "Starts this interpreter isolated (-I) and imports torch there: seconds. doctor --python PY "
+                   "does the same for PY.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, as_json):
+def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, libs, as_json):
     """Did the NCCL settings arrive in this process (os.environ and libc getenv)? Exit 1 if not."""
     from .environment import envcheck, propagation as propagation_mod
 
     expect = envcheck.parse_assignments(expects)
+    if libs:  # a check of its own: which libnccl this interpreter's processes load (environment/ncclib.py)
+        if nccl or propagation or expects or profile_path or extra_vars:
+            raise click.UsageError("--libs is a check of its own; run it without --nccl, --propagation, --expect, "
+                                   "--profile or --var")
+        from .environment import ncclib
+
+        lib_report = ncclib.probe()
+        if as_json:
+            _echo(_envelope("nccl-libraries", lib_report.to_json()))
+        else:
+            _echo("\n".join(ncclib.render(lib_report, indent="")))
+        sys.exit(errors.EXIT_CHECK_FAILED if lib_report.mismatches() or lib_report.error else errors.EXIT_OK)
     if nccl:
         r = envcheck.check_nccl(expect, profile=profile_path, nproc=nproc, conf_root=conf_root)
         if as_json:
             _echo(_envelope("check-env-nccl", r.to_json()), wrap=False)
         else:
-            _echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV), {envcheck.describe_expectation(r.source)}:")
+            _echo(f"NCCL's own view (NCCL_DEBUG_SUBSYS=ENV,INIT), {envcheck.describe_expectation(r.source)}:")
             if r.debug_note:
                 _echo(f"  note: {r.debug_note}")
             for rank in r.ranks:
@@ -406,6 +508,11 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
                     _echo(f"  {c.status.upper():11} {c.name:24} expected={c.expected!s:12} applied={c.getenv!s}")
             if not r.ranks:
                 _echo(f"  NCCL printed no ENV lines (exit {r.exit_code}):\n{r.log_tail}")
+            if r.transports is not None and r.ranks:  # what NCCL connected each GPU pair with (INIT lines)
+                from .nccl import transports
+
+                _echo(" transport per GPU pair (row: sending GPU, column: receiving GPU):")
+                _echo("\n".join(transports.render_matrix(r.transports)))
             if r.tuner is not None:  # NCCL_TUNER_PLUGIN was set: did it load, which rule fired (docs/tuner.md)
                 _echo("\n".join(envcheck.render_tuner(r.tuner)))
             for c in r.conf_files:
@@ -444,17 +551,33 @@ def _load_readings(path):
     return data.get("nvml_readings", data) if isinstance(data, dict) else data
 
 
-@main.command(short_help="Python startup hooks, GPU topology (NVML), versions.")
+_SYSFS_ROOT_HELP = ("Read the PCIe/IOMMU state from this captured tree (it holds sys/ and proc/cmdline, as "
+                    "--capture-sysfs writes) instead of this machine's /sys.")
+
+
+@main.command(short_help="Python startup hooks, GPU topology (NVML), ACS/IOMMU, versions.")
 @click.option("--python", "pythons", multiple=True, metavar="PATH",
               help="Also probe this interpreter (e.g. the inference server's venv python); repeatable.")
 @click.option("--nvml-replay", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Analyse an NVML recording (nvml-readings.json or a `detect --json` output) instead of NVML.")
+@click.option("--sysfs-root", type=click.Path(file_okay=False, exists=True), default=None, metavar="DIR",
+              help=_SYSFS_ROOT_HELP)
+@click.option("--capture-sysfs", type=click.Path(), default=None, metavar="DIR",
+              help="Copy the sysfs files the PCIe/IOMMU audit reads into the new folder DIR, for a bug report "
+                   "(run as root to include ACS).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (it embeds the NVML readings).")
-def detect(pythons, nvml_replay, as_json):
-    """Python startup hooks per interpreter, GPU topology (NVML), versions."""
+def detect(pythons, nvml_replay, sysfs_root, capture_sysfs, as_json):
+    """Python startup hooks per interpreter, GPU topology (NVML), ACS/IOMMU (sysfs), versions."""
     from .environment import detect as detect_mod
 
-    d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay))
+    d = detect_mod.detect(pythons, nvml_readings=_load_readings(nvml_replay), sysfs_root=sysfs_root or "/")
+    if capture_sysfs:
+        from .environment import sysfscapture
+
+        c = sysfscapture.capture(capture_sysfs, sysfs_root or "/", nvml_bus_ids=[g.bus_id for g in d.topology.gpus])
+        _echo("\n".join(detect_mod.wrapped("", f"captured {c.files} files, {c.links} links, {c.dirs} folders under "
+                                                f"{c.path}; read it back with `commdiag detect --sysfs-root "
+                                                f"{c.path}`", "")), err=as_json)
     _echo(_envelope("detect", d.to_json()) if as_json else detect_mod.render(d), wrap=not as_json)
     sys.exit(errors.EXIT_OK if d.ok else errors.EXIT_CHECK_FAILED)
 
@@ -466,15 +589,56 @@ def detect(pythons, nvml_replay, as_json):
               help="Expect the settings of a commdiag profile.")
 @click.option("--nvml-replay", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Use an NVML recording instead of NVML.")
+@click.option("--sysfs-root", type=click.Path(file_okay=False, exists=True), default=None, metavar="DIR",
+              help=_SYSFS_ROOT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor(pythons, expects, profile_path, nvml_replay, as_json):
+def doctor(pythons, expects, profile_path, nvml_replay, sysfs_root, as_json):
     """detect + check-env as one ranked health report; exit 1 if anything needs attention."""
     from .environment import doctor as doctor_mod, envcheck
 
     r = doctor_mod.doctor(pythons, expect=envcheck.parse_assignments(expects), profile=profile_path,
-                          nvml_readings=_load_readings(nvml_replay))
+                          nvml_readings=_load_readings(nvml_replay), sysfs_root=sysfs_root or "/")
     _echo(_envelope("doctor", r.to_json()) if as_json else doctor_mod.render(r), wrap=not as_json)
     sys.exit(errors.EXIT_OK if r.healthy else errors.EXIT_CHECK_FAILED)
+
+
+@main.command("p2p", short_help="Every GPU pair: data check, bandwidth, latency, flags.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (format commdiag-p2p).")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write an HTML page.")
+@click.option("--from", "from_json", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Show a result saved with --json instead of measuring.")
+@click.option("--size-mib", type=click.IntRange(1, 4096), default=256, show_default=True, help="MiB per copy.")
+@click.option("--repeats", type=click.IntRange(3, 100), default=7, show_default=True, help="Timed copies per value.")
+@click.option("--pair-timeout", type=click.FloatRange(1, 3600), default=30.0, show_default=True,
+              help="Seconds a pair (or a GPU's host copies) may take before it is reported hung.")
+@click.option("--min-fraction", type=click.FloatRange(0, 1), default=0.6, show_default=True,
+              help="Flag a copy below this fraction of its link's ceiling.")
+def p2p_cmd(as_json, html_out, from_json, size_mib, repeats, pair_timeout, min_fraction):
+    """Measure every visible GPU pair (docs/p2p.md): peer access, data check, P2P and through-host
+    bandwidth and latency against the link's ceiling; each pair under its own deadline. Exit 1 on a flag."""
+    from .p2p import render, run, result
+
+    if html_out is not None:
+        run.check_html(html_out)
+    if from_json is not None:
+        ctx = click.get_current_context()
+        given = [n for n in ("size_mib", "repeats", "pair_timeout", "min_fraction")
+                 if ctx.get_parameter_source(n) != click.core.ParameterSource.DEFAULT]
+        if given:  # a saved result is shown as measured: these would be silently ignored
+            raise click.UsageError("--from shows a saved result; do not give --" + ", --".join(
+                n.replace("_", "-") for n in given) + " with it")
+        res = run.load(from_json)
+    else:
+        settings = result.Settings(size_bytes=size_mib << 20, repeats=repeats, pair_timeout_s=pair_timeout,
+                                   min_fraction=min_fraction)
+        res = run.measure(settings, on_job=None if as_json else (
+            lambda o: _echo(f"p2p: {o.id}: {o.status}" + (f" in {o.wall_s:.1f}s" if o.wall_s else ""), err=True)))
+    if html_out is not None:
+        run.write_html(res, html_out)
+    _echo(json.dumps(res.to_json(), indent=1) if as_json else render.render(res))
+    if html_out is not None and not as_json:
+        _echo(f"html: {html_out}")
+    sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
 
 
 @main.command("install-hook", short_help="Persist settings: Python hook, systemd, nccl.conf; exact undo.")
@@ -486,7 +650,13 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
               help="Also install commdiag's tuner plugin (compiled here) and these rules (a rules file, or a run "
                    "folder's certified winners) in commdiag's state directory, and set NCCL_TUNER_PLUGIN and "
                    "NCCL_TUNER_CONFIG_FILE to them.")
+@click.option("--cc", "cc", metavar="COMPILER",
+              help="With --tuner: the C compiler (default: $CC or cc; as root cc in /usr/bin or /bin, with "
+                   "no $PATH, $CC or compiler variables from your environment).")
 @click.option("--python", "python", metavar="PATH", help="Target interpreter (default: this one).")
+@click.option("--allow-user-owned", is_flag=True,
+              help="As root: a target whose files another user can change is refused (starting it would run "
+                   "their code as root); with this it is started as that user and installed into anyway.")
 @click.option("--method", type=click.Choice(["auto", "pth", "sitecustomize", "none"]), default=None,
               help="Python hook method; auto (the default) chooses from what detect finds; none: no Python hook. "
                    "With --systemd or --nccl-conf and no --python, the default is none: only what was asked for.")
@@ -507,14 +677,16 @@ def doctor(pythons, expects, profile_path, nvml_replay, as_json):
               help="Do not start the target interpreter after installing to check that every value arrives "
                    "(for a target that cannot run here, e.g. a staged --root).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, systemd_unit, systemd_env_file,
-                     nccl_conf, override, force, root, show_status, uninstall, all_installs, dry_run, python_flags,
-                     no_verify, as_json):
+def install_hook_cmd(from_dir, profile_path, sets, tuner_path, cc, python, allow_user_owned, method, systemd_unit,
+                     systemd_env_file, nccl_conf, override, force, root, show_status, uninstall, all_installs,
+                     dry_run, python_flags, no_verify, as_json):
     """Persist NCCL settings: a Python startup hook (.pth or sitecustomize), a systemd drop-in, nccl.conf."""
     from .install import hook
 
     if show_status and uninstall:
         raise click.UsageError("--status and --uninstall exclude each other")
+    if cc is not None and tuner_path is None:
+        raise click.UsageError("--cc names the compiler of --tuner's plugin; give it with --tuner")
     if tuner_path is not None and (show_status or uninstall):
         raise click.UsageError("--tuner installs; --status shows, and --uninstall removes, the tuner files with "
                                "the install that names them")
@@ -522,20 +694,22 @@ def install_hook_cmd(from_dir, profile_path, sets, tuner_path, python, method, s
         expected = None
         if from_dir or profile_path or sets:
             expected = hook.resolve_settings(from_dir, profile_path, sets, force=True).values
-        res = hook.status(python=python, flags=python_flags, root=root, expected=expected)
+        res = hook.status(python=python, flags=python_flags, root=root, expected=expected,
+                          allow_user_owned=allow_user_owned)
         _echo(json.dumps(res.to_json(), indent=1) if as_json else hook.render_status(res), wrap=not as_json)
         sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)
     if method is None:
         method = "none" if (systemd_unit or nccl_conf) and python is None else "auto"
     if uninstall:
         res = hook.uninstall(python=python, method=method, systemd_unit=systemd_unit, nccl_conf=nccl_conf,
-                             all_installs=all_installs, root=root, force=force, dry_run=dry_run)
+                             all_installs=all_installs, root=root, force=force, dry_run=dry_run,
+                             allow_user_owned=allow_user_owned)
     else:
-        tuner = hook.prepare_tuner(tuner_path, root) if tuner_path is not None else None
+        tuner = hook.prepare_tuner(tuner_path, root, cc) if tuner_path is not None else None
         settings = hook.resolve_settings(from_dir, profile_path, sets, force=force, tuner=tuner)
         req = hook.Request(settings, python=python, method=method, systemd_unit=systemd_unit,
                            systemd_env_file=systemd_env_file, nccl_conf=nccl_conf, override=override, force=force,
-                           root=root, tuner=tuner)
+                           root=root, tuner=tuner, allow_user_owned=allow_user_owned)
         res = hook.install(req, dry_run=dry_run, verify=not no_verify)
     if as_json:
         _echo(json.dumps(res.to_json(), indent=1), wrap=False)
@@ -555,14 +729,17 @@ def tuner_group() -> None:
               help="Folder for libnccl-tuner-commdiag.so (created if missing).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, path_type=Path),
               help="A rules file to check (as the plugin reads it) and name in NCCL_TUNER_CONFIG_FILE.")
+@click.option("--cc", "cc", metavar="COMPILER",
+              help="The C compiler (default: $CC or cc; as root cc in /usr/bin or /bin, with no $PATH, $CC "
+                   "or compiler variables from your environment).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def tuner_build_cmd(out_dir, rules_path, as_json):
+def tuner_build_cmd(out_dir, rules_path, cc, as_json):
     """Compile commdiag's tuner plugin with the system C compiler (cc, or $CC) and print the lines
     that make NCCL load it: NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE, absolute paths."""
     from .tuner import build, rules
 
     n_rules = len(rules.load(rules_path)) if rules_path is not None else None
-    res = build.build_result(out_dir)
+    res = build.build_result(out_dir, cc=cc)
     _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules),
           wrap=not as_json)
     sys.exit(errors.EXIT_OK)

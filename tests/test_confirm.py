@@ -3,7 +3,9 @@ confirm command, resume across stages, the spec's confirm key and --certify-size
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from commdiag.analyse import certify, screening, stats, verdict
 from commdiag.formats import results
 from commdiag.measure import sweep
-from commdiag.errors import SpecError
+from commdiag.errors import CommdiagError, SpecError
 from commdiag.formats.spec import load_spec
 from conftest import REPO, assert_fits, run_cli, write_spec
 
@@ -23,7 +25,8 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     out = tmp_path / "aa"
     # stage 1 only
     proc = run_cli("sweep", CPU_AA, "--out", out, *SMALL, "--no-confirm", "--json")
-    assert proc.stderr.startswith(f"run folder {out}: 6 launches to run (6 screening: 2 configs x 3 trials)")
+    assert " ".join(proc.stderr.split()).startswith(f"run folder {out}: 6 launches to run (6 screening: 2 configs "
+                                                    "x 3 trials)")  # wrapped at 100 columns
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_fits(proc, stdout=False)  # the progress lines
     data = json.loads(proc.stdout)
@@ -32,19 +35,23 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert f"commdiag confirm {out}" in data["verdicts"]["status_note"]  # the real path, not a placeholder
     run = results.load_run_json(out)
     assert run["version"] == results.RUN_FORMAT_VERSION and {l["stage"] for l in run["launches"]} == {1}
-    # stage 2 later: the plan is printed first, then 6 rounds of default + aa (confirm.configs: [aa])
+    # stage 2 later: the plan is printed first, then 9 rounds of default + aa (confirm.configs: [aa]; two
+    # two-sided claims, each at p <= 0.005: the paired test's smallest p is 2/2^9 = 0.0039 at 9 rounds)
     proc = run_cli("confirm", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_fits(proc)  # the stage-2 plan, the progress lines, the table and the verdicts
-    assert "stage 2 (confirmation, look 1): 6 fresh rounds x 2 configs = 12 launches" in proc.stderr
+    assert "stage 2 (confirmation, look 1): 9 fresh rounds x 2 configs = 18 launches" in proc.stderr
+    assert "why 9 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in proc.stderr
     assert proc.stderr.index("stage 2 (confirmation") < proc.stderr.index("stage 2 round 1")
+    assert max(len(l) for l in proc.stderr.splitlines() + proc.stdout.splitlines()) <= 100
     run = results.load_run_json(out)
     stage2 = [l for l in run["launches"] if l["stage"] == 2]
-    assert len(stage2) == 12 and {l["status"] for l in stage2} == {"ok"}
-    assert sorted(l["round"] for l in stage2) == sorted(list(range(6)) * 2)
-    assert run["confirmation"]["family_size"] == 2
+    assert len(stage2) == 18 and {l["status"] for l in stage2} == {"ok"}
+    assert sorted(l["round"] for l in stage2) == sorted(list(range(9)) * 2)
+    assert run["confirmation"]["family_size"] == 2 and run["confirmation"]["test"] == certify.PAIRED_TEST
     assert "confirmation (stage 2): confirmed: 0 of 2 claims certified" in proc.stdout
-    assert "not certified - keep NCCL defaults" in proc.stdout and "certified faster" not in proc.stdout
+    assert "aa vs default, decode band (eager): not certified, keep NCCL defaults" in proc.stdout
+    assert "paired signed-rank test over 9 rounds" in proc.stdout and not re.search(r": certified \d", proc.stdout)
     assert "A/A check: PASS: aa (identical to default)" in proc.stdout
     assert not list(out.glob("profile*.env"))
     # an interruption in stage 2 leaves pending launches: --resume finishes exactly those
@@ -59,7 +66,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     proc = run_cli("sweep", "--resume", out, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = [l for l in results.load_run_json(out)["launches"] if l["stage"] == 2]
-    assert {l["status"] for l in again} == {"ok"} and len(again) == 12
+    assert {l["status"] for l in again} == {"ok"} and len(again) == 18
     assert {l["index"]: l["started_utc"] for l in again[:-2]} == kept  # finished launches were not redone
     v = json.loads(proc.stdout)["verdicts"]
     assert v["status"] == verdict.CONFIRMED and not [c for c in v["certifications"] if c["certified"]]
@@ -104,9 +111,9 @@ def test_confirm_key_resolves_and_survives_run_json(tmp_path):
 def test_certify_sizes_prints_its_cost_and_raises_trials(tmp_path):
     spec = load_spec(REPO / "sweeps" / "pcie8.yaml")
     raised, plan = sweep._certify_sizes_plan(spec)
-    m, k = certify.size_claims_needed(25, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
-    assert m == 375 and 9 <= k <= 11 and raised.trials == k
-    assert plan.launches == 26 * k and f"{k} launches per config" in plan.lines[0]
+    m, k = certify.size_claims_needed(26, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
+    assert m == 390 and 9 <= k <= 11 and raised.trials == k  # 26 configs besides default, 15 sizes
+    assert plan.launches == 27 * k and f"{k} launches per config" in plan.lines[0]
     assert "min" in plan.lines[0]
 
 
@@ -137,11 +144,50 @@ def test_old_run_folders_load_as_screening_only_and_confirm_refuses_unfinished_s
     assert proc.returncode == 2 and "stage 1 (screening) is unfinished" in proc.stderr
 
 
-def test_a_plan_too_short_to_certify_says_so_before_it_starts():
+def test_a_plan_too_short_to_certify_says_so_and_launches_nothing():
     claims = [certify.Claim("x", "graph", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
-    plan = certify.confirmation_plan(claims, 3, 9, "t")
-    text = sweep._confirm_plan_text({"launches": []}, plan, 3)
-    assert text.launches == 6 and "cannot reach p <= 0.005 at all" in text.lines[1] and "6 rounds could" in text.lines[1]
+    plan = certify.confirmation_plan(claims, 6, 9, "t")  # confirm.rounds: 6 (or confirm --rounds 6)
+    assert plan["configs"] == [] and plan["looks"][0]["rounds"] == 0
+    text = sweep._confirm_plan_text({"launches": []}, plan, 0)
+    joined = " ".join(l.strip() for l in text.lines)
+    assert text.launches == 0 and "not certifiable with this plan" in text.lines[0] and "nothing is launched" in joined
+    assert "9 rounds can" in joined and max(len(l) for l in text.lines) <= 100
+    # mixed sidedness, 8 rounds at 0.005: the one-sided claim is reachable (2^-8), the two-sided one is not
+    # (2/2^8): only the first one's config is launched
+    mixed = [certify.Claim("fast", "graph", "a", None, stats.LESS, "screening", 0.9),
+             certify.Claim("seed", "graph", "b", None, stats.TWO_SIDED, "confirm.configs", 1.2)]
+    plan = certify.confirmation_plan(mixed, 8, 9, "t")
+    assert plan["configs"] == ["default", "fast"] and plan["looks"][0]["rounds"] == 8
+    text = sweep._confirm_plan_text({"launches": []}, plan, 8)
+    assert text.launches == 16 and any("not certifiable with this plan: seed" in l for l in text.lines)
+
+
+def test_a_fixed_confirm_rounds_that_cannot_certify_is_refused_before_any_launch(tmp_path):
+    path = write_spec(tmp_path / "s.yaml", sizes={"hidden": 256, "tokens": [1, 256]}, configs={"x": {}},
+                      confirm={"configs": ["x"], "rounds": 6})
+    out = tmp_path / "run"
+    proc = run_cli("sweep", path, "--out", out)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{path}: confirm.rounds: not certifiable with this plan" in proc.stderr
+    assert "set confirm.rounds: 9 (or auto)" in proc.stderr and not out.exists()
+    # without stage 2 the same spec runs (screening only): nothing to refuse
+    spec = load_spec(path)
+    sweep._check_confirm_rounds(dataclasses.replace(spec, confirm_rounds=9), False)
+
+
+def test_a_further_look_that_cannot_reach_its_threshold_is_refused():
+    claims = [certify.Claim("x", "graph", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
+    plan = certify.confirmation_plan(claims, None, 9, "t")  # 9 rounds at 0.005: this look could certify
+    assert certify.next_threshold(plan) == pytest.approx(0.0025)
+    sweep._check_further_look(Path("r"), plan, 1)  # one more round reaches the halved threshold: 2/2^10
+    # a plan that launched nothing (too few rounds) spent nothing: its next look keeps 0.005
+    short = certify.confirmation_plan(claims, 6, 9, "t")
+    assert certify.next_threshold(short) == pytest.approx(0.005)
+    with pytest.raises(CommdiagError, match="not certifiable with this plan .* give --rounds 9"):
+        sweep._check_further_look(Path("r"), short, None)
+    with pytest.raises(CommdiagError, match=r"--rounds 3: with 3 rounds in all .* p <= 0.005 .* --rounds 9 can"):
+        sweep._check_further_look(Path("r"), short, 3)
+    sweep._check_further_look(Path("r"), short, 9)
 
 
 def test_band_text_and_gloo_note():
@@ -159,3 +205,33 @@ def test_extending_an_unfinished_confirmation_is_refused_and_a_further_look_stat
     certify.add_look(plan, 6, "t2")
     text = sweep._confirm_plan_text({"launches": []}, plan, 6)
     assert "family-wise error rate is now at most 1.50%" in " ".join(text.lines)
+
+
+def test_a_run_folder_without_its_launch_folders_is_not_extended(tmp_path):
+    # an archived or committed run keeps run.json and samples.csv only; confirm rebuilds samples.csv from
+    # launches/NNNN/result.json, so extending it would silently drop every earlier launch
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "runs" / "cpu-aa-b", run_dir)
+    run = json.loads((run_dir / "run.json").read_text())
+    claims = [certify.Claim("aa", "eager", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
+    run["confirmation"] = certify.confirmation_plan(claims, None, len(run["launches"]), "t")
+    (run_dir / "run.json").write_text(json.dumps(run))
+    proc = run_cli("confirm", run_dir, "--rounds", "3")
+    assert proc.returncode == 2 and "cannot be extended without losing their samples" in proc.stderr
+    assert json.loads((run_dir / "run.json").read_text()) == run  # nothing written
+
+
+def test_the_start_banner_warns_when_confirm_rounds_may_be_too_few(tmp_path):
+    # confirm.rounds: 9 reaches seed's 2 two-sided claims (2/2^9 <= 0.005), not a family of 4 (a screening
+    # candidate in each band as well: 0.0025)
+    spec = load_spec(write_spec(tmp_path / "s.yaml", sizes={"hidden": 256, "tokens": [1, 256]},
+                                configs={"seed": {}, "y": {}}, confirm={"configs": ["seed"], "rounds": 9}))
+    assert sweep._spec_families(spec) == (2, 4, stats.TWO_SIDED)
+    sweep._check_confirm_rounds(spec, False)  # the fewest claims are reachable: no refusal
+    run = {"launches": [{"index": 0, "config": "default", "stage": 1, "status": "pending"}],
+           "configs": [{"name": n} for n in ("default", "seed", "y")], "confirm_requested": True}
+    lines = sweep._start_banner(spec, run, tmp_path / "r").lines
+    assert len(lines) > 1 and "confirm.rounds: 9 is too few if screening adds every claim it can (4)" in " ".join(
+        l.strip() for l in lines) and max(len(l) for l in lines) <= 100

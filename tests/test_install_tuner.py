@@ -244,7 +244,7 @@ def test_a_run_folder_needs_commdiag_tuner_rules(root, tmp_path):
 
 def test_no_compiler_is_one_error_before_anything_changes(root, rules_file):
     before = tree(root)
-    cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", check=2, env={"CC": "/nonexistent/cc"})
+    cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", "--cc", "/nonexistent/cc", check=2)
     assert "no C compiler" in cp.stderr and "Traceback" not in cp.stderr
     assert tree(root) == before
 
@@ -267,7 +267,7 @@ def test_a_tuner_variable_given_twice_is_refused(root, rules_file):
     ("/srv/" + "d" * 240 + "/commdiag", "longer than 254 characters"),
 ])
 def test_paths_no_target_can_carry_are_refused_before_compiling(rules_file, monkeypatch, state, why):
-    monkeypatch.setattr(hooktuner, "compile_library", lambda: pytest.fail("compiled before the paths were checked"))
+    monkeypatch.setattr(hooktuner, "compile_library", lambda *a: pytest.fail("compiled before the paths were checked"))
     with pytest.raises(CommdiagError, match="NCCL_TUNER_PLUGIN") as e:
         hooktuner.prepare(rules_file, state)
     assert why in str(e.value)

@@ -90,7 +90,10 @@ def _set_path(path):
     (lambda o, r: lambda m: m.update(installs="x"), "is not a list"),
     (lambda o, r: lambda m: m.update(version="1"), "is not a manifest version"),
     (lambda o, r: lambda m: m.update(version=True), "is not a manifest version"),
-    (lambda o, r: lambda m: m.update(version=2), "newer than this commdiag"),
+    (lambda o, r: lambda m: m.update(version=3), "newer than this commdiag"),
+    (lambda o, r: lambda m: m["installs"][0]["files"][0].update(dir_id=[1]), "not a directory identity"),
+    (lambda o, r: lambda m: m["installs"][0]["files"][0]["before"].update(kind="file", sha256="x"),
+     "file state"),
     (lambda o, r: lambda m: m.pop("format"), "is not 'commdiag-hook-manifest'"),
 ])
 def test_a_tampered_manifest_is_refused_and_nothing_is_written(staged, damage, words):

@@ -6,6 +6,7 @@ Device nodes, FIFOs and sockets are made inside tmp_path (never the real /dev): 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -182,6 +183,7 @@ def test_error_messages_are_terminal_safe():
         cli.main.commands.pop("_esc")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("pandas") is None, reason="a sweep needs pandas")
 @pytest.mark.parametrize("kind", ["fifo", "chardev", "socket"])
 def test_sweep_out_at_a_special_file_is_one_error(tmp_path, kind):
     from conftest import write_spec

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commdiag.analyse import certify, screening, stats, verdict
+from commdiag.analyse import certify, paired, screening, stats, verdict
 from commdiag.formats import results
 from commdiag.analyse.stats import LESS, TWO_SIDED, LaunchValue
 
@@ -63,7 +63,7 @@ def judge(run, values, excluded=None):
     return verdict.evaluate(values, run, excluded or {})
 
 
-NOISY1 = [10.0, 10.1, 9.9, 10.05, 9.95, 10.02, 9.98, 10.08]
+NOISY1 = [10.0, 10.1, 9.9, 10.05, 9.95, 10.02, 9.98, 10.08, 10.03, 9.97]
 
 
 def test_per_launch_value_is_the_5_percent_trimmed_mean_of_ln_time():
@@ -86,8 +86,73 @@ def test_exact_rank_test_and_hodges_lehmann_on_hand_checked_cases():
     assert stats.rank_test([1, 2, 3], [4, 5, 6], TWO_SIDED) == pytest.approx(2 / 20)
     assert stats.rank_test([4, 5, 6], [1, 2, 3], LESS) == pytest.approx(1.0)
     assert stats.hodges_lehmann([1, 2, 3], [0, 0, 0]) == pytest.approx(2.0)
-    assert stats.signflip_test([-1, -1, -1], LESS) == pytest.approx(1 / 8)
     assert stats.launches_to_reach(0.005, TWO_SIDED) == 6 and stats.launches_to_reach(0.005, LESS) == 5
+
+
+def _enumerated_p(d, alternative):
+    """The signed-rank p by brute force: every one of the 2^n sign patterns of the non-zero d's, with
+    mid-ranks for tied |d| (what paired.py computes by dynamic programming)."""
+    from scipy.stats import rankdata
+
+    d = np.asarray(d, dtype=float)
+    d = d[np.abs(d) >= paired.ZERO_TOL]
+    if d.size == 0:
+        return 1.0
+    r = rankdata(np.round(np.abs(d), 9))
+    t = r[d > 0].sum()
+    signs = (np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1  # every pattern, one per row
+    w = signs @ r
+    if alternative == LESS:
+        return float(np.mean(w <= t + 1e-9))
+    mu = r.sum() / 2
+    return float(np.mean(np.abs(w - mu) >= abs(t - mu) - 1e-9))
+
+
+def test_the_paired_p_is_the_full_enumeration_with_ties_and_zeros_up_to_16_rounds():
+    rng = np.random.default_rng(16)
+    for n in list(range(1, 17)) + [16, 16]:
+        for kind in ("plain", "ties", "zeros"):
+            d = rng.normal(0.2, 1.0, n)
+            if kind == "ties":
+                d = np.round(d * 2) / 2 + 0.001 * (d > 0)  # tied |d| of both signs
+            elif kind == "zeros":
+                d[: max(1, n // 4)] = 0.0
+            for alt in (LESS, TWO_SIDED):
+                assert paired.signed_rank_p(d, alt) == pytest.approx(_enumerated_p(d, alt), abs=1e-12), (n, kind, alt)
+
+
+def test_the_paired_p_matches_scipys_exact_wilcoxon_and_is_vectorised():
+    from scipy.stats import wilcoxon
+
+    rng = np.random.default_rng(200)
+    rows = [rng.normal(0.3, 1.0, 9) for _ in range(30)]
+    for n in (5, 12, 25, 50, 200):
+        rows.append(rng.normal(0.2, 1.0, n))
+    for d in rows:
+        for alt in (LESS, TWO_SIDED):
+            want = wilcoxon(d, alternative=alt, method="exact").pvalue
+            assert paired.signed_rank_p(d, alt) == pytest.approx(want, rel=1e-9, abs=1e-15)
+    block = np.stack(rows[:30])  # claims x rounds, as the simulation calls it
+    block[3, :2] = 0.0  # a row with zeros takes the exact path of its own
+    got = paired.signed_rank_p(block, LESS)
+    assert list(got) == pytest.approx([paired.signed_rank_p(r, LESS) for r in block])
+
+
+def test_the_paired_floor_rounds_estimate_and_interval():
+    assert paired.smallest_p(6, LESS) == 1 / 64 and paired.smallest_p(9, TWO_SIDED) == pytest.approx(2 / 512)
+    assert paired.signed_rank_p([-1.0] * 8, LESS) == pytest.approx(1 / 256)  # every round faster: the floor
+    assert paired.rounds_to_reach(0.005, LESS) == 8 and paired.rounds_to_reach(0.005, TWO_SIDED) == 9
+    # the Walsh averages of [1, 2, 3]: 1, 1.5, 2, 2, 2.5, 3
+    assert paired.hodges_lehmann([1.0, 2.0, 3.0]) == pytest.approx(2.0)
+    assert paired.hodges_lehmann([0.0, 0.0, 10.0]) == pytest.approx(2.5)  # robust: one wild round moves it little
+    assert paired.interval([1.0, 2.0, 3.0], 0.01) is None  # 3 rounds cannot make a 98% interval
+    rng = np.random.default_rng(5)
+    for _ in range(200):  # the interval's duality with the test: its upper end < 0 iff p <= the tail level
+        d = rng.normal(-0.5, 1.0, 10)
+        lo, hi = paired.interval(d, 0.02)
+        assert (hi < 0) == (paired.signed_rank_p(d, LESS) <= 0.02)
+        assert (lo > 0) == (paired.signed_rank_p(-d, LESS) <= 0.02)
+        assert lo <= paired.hodges_lehmann(d) <= hi
 
 
 def test_the_cpu_twin_that_was_crowned_is_not_certified():
@@ -95,8 +160,8 @@ def test_the_cpu_twin_that_was_crowned_is_not_certified():
     # (twin_b): the old t interval said "0.291 faster" and named a winner.  Screening still shows the
     # estimate; stage 2's fresh launches fall into the same two states for both and certify nothing.
     stage1 = {"default": [2630.0, 2418.0, 3275.0], "twin_a": [2500.0, 800.0, 2900.0], "twin_b": [717.0, 847.0, 847.0]}
-    fresh = {"default": [760.0, 2700.0, 820.0, 2950.0, 790.0, 2600.0],
-             "twin_b": [2800.0, 830.0, 2500.0, 770.0, 3100.0, 805.0]}
+    fresh = {"default": [760.0, 2700.0, 820.0, 2950.0, 790.0, 2600.0, 2650.0, 810.0],
+             "twin_b": [2800.0, 830.0, 2500.0, 770.0, 3100.0, 805.0, 790.0, 2750.0]}
     run, values = make_run(stage1, fresh)
     v = judge(run, values)
     est = v.screening.band_cell("twin_b", "decode", "graph")
@@ -105,27 +170,30 @@ def test_the_cpu_twin_that_was_crowned_is_not_certified():
     (c, _) = v.certifications
     assert not c.certified and c.result == certify.NOT_CERTIFIED
     assert "two states" in c.text and "keep NCCL defaults" in c.text
-    assert "smallest attainable p = 0.0011" in c.text and "6 launches per arm" in c.text
+    assert "smallest attainable 0.0039" in c.text and "over 8 rounds" in c.text  # 2 claims, one-sided: 2^-8
     assert all(w.config is None for w in v.band_winners)
     assert verdict.profile_plan(v, run, "r", "t") == {}
 
 
 def test_a_clear_10_percent_winner_is_certified_and_makes_profiles():
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.15, 8.95], "aa": [10.1, 9.95, 10.15]}
-    fresh = {"default": NOISY1[:6], "fast": [x * 0.9 for x in NOISY1[2:8]]}
+    fresh = {"default": NOISY1[:8], "fast": [x * 0.9 for x in NOISY1[2:10]]}
     run, values = make_run(stage1, fresh)
     v = judge(run, values)
     assert v.status == verdict.CONFIRMED and v.family_size == 2
     assert {(c.claim.band, c.claim.alternative) for c in v.certifications} == {("decode", LESS), ("prefill", LESS)}
     for c in v.certifications:
         assert c.result == certify.FASTER and c.ratio == pytest.approx(0.9, abs=0.01)
-        assert c.p == pytest.approx(1 / 924) and c.p <= c.threshold == pytest.approx(0.005)
-        assert c.text.startswith("certified faster: 10.0% faster")
+        assert c.p == pytest.approx(1 / 256) and c.p <= c.threshold == pytest.approx(0.005)
+        assert c.rounds == 8 and c.test == certify.PAIRED and c.ratio_ci[1] < 0.97
+        assert c.text.startswith("certified 10.1% faster: ratio 0.899 (Hodges-Lehmann, 99.0% interval 0.890-0.905)")
+        assert c.lines("  ")[0] == f"  fast vs default, {c.claim.band} band (graph): certified 10.1% faster"
+        assert c.lines("  ")[1].startswith("      ratio 0.899") and max(len(x) for x in c.lines("  ")) <= 100
     assert v.band_winner("decode", "graph").config == "fast"
     plan = verdict.profile_plan(v, run, "reports/x", "2026-11-30T00:00:00Z")
     assert set(plan) == {"profile-decode.env", "profile-prefill.env", "profile.env"}
     settings, meta = plan["profile.env"]
-    assert settings == {"NCCL_PROTO": "fast"} and meta["config"] == "fast" and "p = 0.0011" in meta["certified"]
+    assert settings == {"NCCL_PROTO": "fast"} and meta["config"] == "fast" and "p = 0.0039" in meta["certified"]
 
 
 def test_screening_alone_never_certifies_or_writes_a_profile():
@@ -141,12 +209,12 @@ def test_screening_alone_never_certifies_or_writes_a_profile():
 
 def test_a_named_config_is_certified_slower_and_never_wins():
     stage1 = {"default": [10.0, 10.2, 9.9], "seed": [24.0, 24.1, 23.8]}
-    fresh = {"default": NOISY1[:6], "seed": [x * 2.4 for x in NOISY1[1:7]]}
+    fresh = {"default": NOISY1[:9], "seed": [x * 2.4 for x in NOISY1[1:10]]}
     run, values = make_run(stage1, fresh, confirm=("seed",))
     v = judge(run, values)
     assert v.family_size == 2 and {c.claim.alternative for c in v.certifications} == {TWO_SIDED}
     assert all(c.result == certify.SLOWER and c.ratio > 2.3 for c in v.certifications)
-    assert "certified slower" in v.certifications[0].text
+    assert "certified 140.1% slower" in v.certifications[0].text and v.certifications[0].rounds == 9
     assert all(w.config is None for w in v.band_winners)
 
 
@@ -163,7 +231,7 @@ def test_screening_candidate_and_named_config_merge_into_one_two_sided_claim():
 def test_a_certified_config_with_wrong_results_is_never_a_winner():
     stage1 = {"default": [10.0, 10.2, 9.9], "wrongsum": [7.0, 7.1, 6.9], "fast": [9.0, 9.1, 8.95]}
     excluded = stats.exclusions({"launches": [{"index": 0, "config": "wrongsum", "status": "incorrect", "wrong": 12}]})
-    run, values = make_run(stage1, {"default": NOISY1[:6], "fast": [x * 0.9 for x in NOISY1[:6]]},
+    run, values = make_run(stage1, {"default": NOISY1[:8], "fast": [x * 0.9 for x in NOISY1[1:9]]},
                            excluded=excluded)
     assert {c.config for c in certify.claims_of(run["confirmation"])} == {"fast"}  # wrongsum is not eligible
     v = judge(run, values, excluded)
@@ -183,7 +251,8 @@ def test_failed_or_timed_out_launch_excludes_and_only_trusted_launches_count():
 
 def test_a_real_but_tiny_difference_is_not_worth_a_claim():
     stage1 = {"default": [10.0, 10.2, 9.9], "tiny": [9.6, 9.7, 9.6]}
-    run, values = make_run(stage1, {"default": [10.0] * 6, "tiny": [9.85, 9.851, 9.849, 9.852, 9.848, 9.85]})
+    run, values = make_run(stage1, {"default": [10.0] * 8,
+                                    "tiny": [9.85, 9.851, 9.849, 9.852, 9.848, 9.85, 9.853, 9.847]})
     v = judge(run, values)
     (c, _) = v.certifications
     assert c.p <= c.threshold and not c.certified and "1.5% faster is real" in c.text and "below the 3%" in c.text
@@ -192,7 +261,7 @@ def test_a_real_but_tiny_difference_is_not_worth_a_claim():
 def test_profile_env_is_withheld_when_the_decode_winner_is_slower_in_prefill():
     stage1 = {"default": [10.0, 10.2, 9.9], "decodeonly": [9.0, 9.1, 8.95]}
     slow_prefill = {"decodeonly": {1048576: 1.25, 4194304: 1.25}}  # fresh launches: 10% faster, but slow prefill
-    run, values = make_run(stage1, {"default": NOISY1[:6], "decodeonly": [x * 0.9 for x in NOISY1[:6]]},
+    run, values = make_run(stage1, {"default": NOISY1[:8], "decodeonly": [x * 0.9 for x in NOISY1[1:9]]},
                            stage2_scale=slow_prefill)
     v = judge(run, values)
     assert v.band_winner("decode", "graph").config == "decodeonly"
@@ -200,29 +269,61 @@ def test_profile_env_is_withheld_when_the_decode_winner_is_slower_in_prefill():
     assert set(verdict.profile_plan(v, run, "r", "t")) == {"profile-decode.env"}
 
 
-def test_drift_across_rounds_switches_to_the_within_round_sign_flip_test():
+def test_drift_across_rounds_is_paired_away_and_only_reported():
+    # The machine slows 5% a round through stage 2: launches of different rounds are not comparable, launches
+    # of the same round are.  The paired test certifies the 10% effect, and the trend is reported, not acted on.
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.1, 8.95]}
-    drifting = [10.0, 10.5, 11.0, 11.5, 12.0, 12.5]
-    run, values = make_run(stage1, {"default": drifting, "fast": [x * 0.9 for x in drifting]})
+    drifting = [10.0 * 1.05 ** i for i in range(8)]
+    wobble = [1.0, 1.004, 0.997, 1.002, 0.999, 1.003, 0.998, 1.001]
+    run, values = make_run(stage1, {"default": drifting, "fast": [x * 0.9 * w for x, w in zip(drifting, wobble)]})
+    for c in judge(run, values).certifications:
+        assert c.certified and c.test == certify.PAIRED and c.ratio == pytest.approx(0.9, abs=0.005)
+        assert c.drift[0] > 0.9 and c.drift[1] < 0.05  # default's Spearman trend, in the JSON only
+        assert "drift" not in c.text
+    # the unpaired test on the same launches cannot see it: the drift spreads both arms over the same range
+    c = judge(run, values).certifications[0]
+    x = [math.log(v) for v in c.config_us]
+    y = [math.log(v) for v in c.default_us]
+    assert stats.rank_test(x, y, LESS) > c.threshold
+
+
+def test_incomplete_rounds_are_left_out_and_counted():
+    stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.1, 8.95]}
+    run, values = make_run(stage1, {"default": NOISY1[:8], "fast": [x * 0.9 for x in NOISY1[1:9]]})
+    failed = next(l for l in run["launches"] if l.get("stage") == 2 and l["config"] == "fast" and l["round"] == 3)
+    values = [v for v in values if v.launch != failed["index"]]  # its values never made it (a failed launch)
+    c = judge(run, values).certifications[0]
+    assert c.rounds == 7 and c.dropped == 1 and "1 incomplete round left out" in c.text
+    assert len(c.config_us) == len(c.default_us) == 7  # p, ratio and the plotted launches: the same rounds
+    assert c.p_floor == pytest.approx(1 / 128) and not c.certified  # 2^-7 > 0.005: too few left
+    assert "too few complete rounds left" in c.text
+
+
+def test_a_plan_with_too_few_rounds_is_not_certifiable_and_launches_nothing():
+    stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.1, 8.95]}
+    run, values = make_run(stage1, rounds=6)  # confirm.rounds: 6 for 2 one-sided claims: 2^-6 > 0.005
+    plan = run["confirmation"]
+    assert plan["configs"] == [] and plan["looks"][0]["rounds"] == 0 and plan["rounds_needed"] == 8
     v = judge(run, values)
+    assert v.status == verdict.NOT_CERTIFIABLE and "--rounds 8" in v.status_note
     c = v.certifications[0]
-    assert c.test == "sign-flip" and c.drift[0] > 0.9
-    assert not c.certified and "needs 8 or more paired rounds" in c.text  # 6 rounds cannot reach 0.005 (2^-6)
-    # 8 rounds can (2 claims, one-sided: 1/256 <= 0.005)
-    drifting8 = [10.0 + 0.5 * i for i in range(8)]
-    run, values = make_run(stage1, {"default": drifting8, "fast": [x * 0.9 for x in drifting8]}, rounds=8)
-    assert all(c.certified and c.test == "sign-flip" for c in judge(run, values).certifications)
+    assert c.headline == "not certifiable with this plan, keep NCCL defaults"
+    assert "fast was not launched" in c.text and "commdiag confirm RUN_DIR --rounds 8" in c.text
+    # a further look keeps the threshold: the first look could not certify anything, so it spent nothing
+    certify.add_look(plan, 8, "t2")
+    assert plan["looks"][1]["threshold"] == pytest.approx(0.005) and plan["configs"] == ["default", "fast"]
 
 
 def test_hopeless_noise_says_it_cannot_be_certified_at_a_sane_cost():
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.5, 9.6, 9.55]}
     rng = np.random.default_rng(3)
-    fresh = {"default": list(10 * np.exp(rng.normal(0, 0.3, 6))), "fast": list(9.6 * np.exp(rng.normal(0, 0.3, 6)))}
+    fresh = {"default": list(10 * np.exp(rng.normal(0, 0.3, 8))), "fast": list(9.6 * np.exp(rng.normal(0, 0.3, 8)))}
     run, values = make_run(stage1, fresh)
     c = judge(run, values).certifications[0]
     assert not c.certified and c.launches_needed > certify.SANE_LAUNCHES
     assert "cannot be certified at a sane cost" in c.text and "launches per arm would give 80% power" in c.text
-    assert "if the true effect were 5% (the screening estimate" in c.text  # not the stage-2 estimate: that is noise
+    # the effect powered for is screening's estimate (independent of these rounds), not stage 2's: that is noise
+    assert "if the true effect were the screening estimate's 4.8% faster" in c.text
 
 
 def test_nothing_to_confirm_when_screening_finds_no_candidate():
@@ -236,9 +337,11 @@ def test_nothing_to_confirm_when_screening_finds_no_candidate():
 def test_a_further_look_halves_the_threshold():
     plan = certify.confirmation_plan([certify.Claim("x", "graph", "decode", None, LESS, "screening", 0.9)] * 2,
                                      None, 9, "t")
-    assert plan["looks"][0]["threshold"] == pytest.approx(0.005) and plan["looks"][0]["rounds"] == 6
+    assert plan["looks"][0]["threshold"] == pytest.approx(0.005) and plan["looks"][0]["rounds"] == 8
     certify.add_look(plan, 4, "t2")
     assert plan["looks"][1] == {"look": 2, "rounds": 4, "threshold": pytest.approx(0.0025), "created_utc": "t2"}
+    certify.add_look(plan, 4, "t3")  # 16 rounds reach 0.0025: look 2 spent too, so look 3 halves again
+    assert plan["looks"][2]["threshold"] == pytest.approx(0.00125)
 
 
 def test_pending_stage_2_launches_mean_no_verdict_yet():
@@ -260,7 +363,7 @@ def test_recorded_real_aa_runs_are_screening_only(run):
 def test_a_band_name_that_cannot_be_a_file_name_gets_no_profile():
     # run folders recorded before band names were validated may hold one (--resume does not re-check)
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.15, 8.95]}
-    run, values = make_run(stage1, {"default": NOISY1[:6], "fast": [x * 0.9 for x in NOISY1[2:8]]})
+    run, values = make_run(stage1, {"default": NOISY1[:8], "fast": [x * 0.9 for x in NOISY1[2:10]]})
     v = judge(run, values)
     from dataclasses import replace
 

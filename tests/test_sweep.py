@@ -45,8 +45,15 @@ def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "busbw" in proc.stdout and "ETA" in proc.stderr
     run = read_run(out)
-    assert run["format"] == "commdiag-run" and run["version"] == 3 and run["state"] == "complete"
+    assert run["format"] == "commdiag-run" and run["version"] == 4 and run["state"] == "complete"
     assert [l["status"] for l in run["launches"]] == ["ok"] * 4
+    # the machine's state: gloo uses no GPU, said once per run; each launch only says "not read"
+    assert run["machine_state"] == {"available": False,
+                                    "reason": "backend gloo: the launches use no GPU, so no GPU state is read"}
+    assert [l["machine"] for l in run["launches"]] == [{"available": False}] * 4
+    assert ("machine state during the launches: not recorded (backend gloo: the launches use no GPU, so no "
+            "GPU state is read)") in " ".join(proc.stdout.split())  # wrapped at 100 columns
+    assert max(len(line) for line in proc.stdout.splitlines() if line.startswith("machine")) <= 100
     # interleaved: each round runs both configs once
     assert sorted(l["config"] for l in run["launches"][:2]) == ["default", "ll"]
     with open(out / "samples.csv") as f:

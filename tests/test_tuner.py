@@ -189,6 +189,9 @@ def test_build_exports_every_abi_newest_first(lib_path, lib):
 
 
 def test_no_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    with pytest.raises(CommdiagError, match="no C compiler: 'commdiag-no-such-cc' is not on PATH"):
+        build.build(tmp_path, cc="commdiag-no-such-cc")
+    monkeypatch.setattr(build, "_as_root", lambda: False)  # $CC is honoured for anyone but root
     monkeypatch.setenv("CC", "commdiag-no-such-cc")
     with pytest.raises(CommdiagError, match="no C compiler: 'commdiag-no-such-cc' is not on PATH"):
         build.build(tmp_path)

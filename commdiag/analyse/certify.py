@@ -8,43 +8,56 @@ slower: the seed story gets a certified answer either way).  M = the number of
 claims, the run's whole family.
 
 Rounds.  k2 fresh rounds; each runs default and every claimed config once, in a
-shuffled order.  Stage-1 launches are never reused: they chose the candidates,
-and reusing them raised the false rate to 2.4-3.7% in simulation.
-k2 = max(6, the fewest launches per arm at which the exact test can reach
-ALPHA/M at all).
+shuffled order (measure/sweep.py ``_add_rounds``).  Stage-1 launches are never
+reused: they chose the candidates, and reusing them raised the false rate to
+2.4-3.7% in simulation.  k2 = the fewest rounds at which every claim's test can
+reach ALPHA/M at all (paired.rounds_to_reach: 2^-k2 <= ALPHA/M one-sided,
+2 x 2^-k2 two-sided), never fewer.  A fixed ``confirm.rounds`` (or ``confirm
+--rounds``) below that cannot certify: the claims it cannot reach are "not
+certifiable with this plan" and their configs are not launched at all.
 
-Test.  The exact Wilcoxon-Mann-Whitney test on the band values of the claimed
-config against default's.  Certified faster when p <= ALPHA/M and the
-Hodges-Lehmann ratio is <= 0.97; certified slower (two-sided claims) when
-p <= ALPHA/M and the ratio is >= 1.03.  Bonferroni over the M claims keeps the
-chance of any false certification in a run at or below ALPHA (1%) whatever the
-launch noise looks like, because the test is exact for exchangeable launches.
+Test.  The one the randomization supports (paired.py): per complete round,
+d = ln(config's band value) - ln(default's), the exact Wilcoxon signed-rank test
+on the d's, and the Hodges-Lehmann estimate of the d's (with its exact interval)
+as the ratio, from the same rounds.  Certified faster when p <= ALPHA/M and the
+ratio is <= 0.97; certified slower (two-sided claims) when p <= ALPHA/M and the
+ratio is >= 1.03.  A round missing either launch (failed, timed out, wrong sums)
+is left out and counted.  Bonferroni over the M claims keeps the chance of any
+false certification in a run at or below ALPHA (1%): under no effect each d is
+symmetric about 0 because the order inside its round was a fair shuffle, whatever
+the machine did between rounds or at a position inside a round.
 
 Looks.  ``commdiag confirm --rounds K`` on a confirmed run adds K rounds and
-tests again on all stage-2 launches: a second look at data already seen.  Look L
-tests at ALPHA/M / 2^(L-1), so however often a run is extended the family-wise
-rate stays below 2 x ALPHA; a run confirmed once (the default) keeps ALPHA.
+tests again on all stage-2 rounds: a second look at data already seen.  Each
+look that could certify something is tested at half the previous one's
+threshold, so however often a run is extended the family-wise rate stays below
+2 x ALPHA; a run confirmed once (the default) keeps ALPHA.  A look whose rounds
+could not reach its threshold at all (a plan with too few rounds, or a run
+confirmed before the paired test) spent nothing, so the next look keeps its
+threshold.
 
-Drift guard.  If default's own stage-2 launches trend with the round index
-(Spearman p < 0.05 over at least 5 launches), launches are no longer
-exchangeable across rounds: the claim is then judged by the exact within-round
-sign-flip test on paired differences instead (it needs 8 rounds to reach 0.005,
-i.e. M <= 2), and the line says so.
+Format.  The plan is run.json's ``confirmation`` block, version 2 with
+``test: paired-signed-rank``.  Version 1 plans (the unpaired rank test) carry
+rounds too and are judged again the paired way (verdict.py says so).
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
-from . import stats
+from . import paired, stats
 from .screening import Estimate, Screening, band_values, candidates
-from .stats import ALPHA, DEFAULT, LESS, MIN_EFFECT, MIN_ROUNDS, TWO_SIDED
+from .stats import ALPHA, DEFAULT, LESS, MIN_EFFECT, TWO_SIDED
 
-CONFIRMATION_VERSION = 1
-DRIFT_P = 0.05
+CONFIRMATION_VERSION = 2
+PAIRED_TEST = "paired-signed-rank"  # the confirmation block's ``test`` (version 1 had none: unpaired rank test)
+PAIRED, UNPAIRED = "paired signed-rank", "rank (unpaired)"  # Certification.test
 SANE_LAUNCHES = 30  # beyond this many launches per arm, say plainly that it cannot be certified at a sane cost
 FASTER, SLOWER, NOT_CERTIFIED = "faster", "slower", "not certified"
+WIDTH = 100  # every printed line fits this
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,12 @@ class Claim:
     @property
     def where(self) -> str:
         return f"band {self.band}" if self.band is not None else f"{self.size_bytes} B"
+
+    @property
+    def label(self) -> str:
+        """How a console line names the claim: "seed vs default, decode band (graph)"."""
+        where = f"{self.band} band" if self.band is not None else f"at {self.size_bytes} B"
+        return f"{self.config} vs default, {where} ({self.mode})"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -87,36 +106,67 @@ def plan_claims(screening: Screening, confirm_configs: tuple[str, ...] | list[st
 
 
 def threshold(alpha: float, family: int, look: int = 1) -> float:
-    """The p a claim must reach: ALPHA / M at the first look, halved at each later look."""
+    """The p a claim must reach: ALPHA / M at the first look, halved at each later look that spends."""
     return alpha / max(family, 1) / 2 ** (max(look, 1) - 1)
 
 
+def reachable(claim: Claim, rounds: int, thr: float) -> bool:
+    """Can ``rounds`` rounds of the paired test reach ``thr`` for this claim at all?"""
+    return paired.smallest_p(rounds, claim.alternative) <= thr
+
+
 def rounds_needed(claims: list[Claim], alpha: float = ALPHA) -> int:
-    """k2 = max(MIN_ROUNDS, the fewest launches per arm at which every claim can reach ALPHA/M)."""
+    """k2 = the fewest rounds at which every claim's paired test can reach ALPHA/M (per its sidedness)."""
     if not claims:
         return 0
-    alt = TWO_SIDED if any(c.alternative == TWO_SIDED for c in claims) else LESS
-    return max(MIN_ROUNDS, stats.launches_to_reach(threshold(alpha, len(claims)), alt))
+    thr = threshold(alpha, len(claims))
+    return max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
 
 
 def confirmation_plan(claims: list[Claim], rounds: int | None, screening_launches: int, created: str,
                       alpha: float = ALPHA) -> dict:
-    """What run.json records as ``confirmation`` before stage 2 starts."""
-    k2 = rounds or rounds_needed(claims, alpha)
-    configs = [DEFAULT] + list(dict.fromkeys(c.config for c in claims))
-    return {"version": CONFIRMATION_VERSION, "alpha": alpha, "min_effect": MIN_EFFECT,
+    """What run.json records as ``confirmation`` before stage 2 starts.  ``rounds``: a fixed number
+    (confirm.rounds, confirm --rounds), else k2; claims it cannot reach get no launches."""
+    needed = rounds_needed(claims, alpha)
+    k2 = rounds or needed
+    thr = threshold(alpha, len(claims))
+    can = [c for c in claims if reachable(c, k2, thr)]
+    configs = [DEFAULT] + list(dict.fromkeys(c.config for c in can)) if can else []
+    return {"version": CONFIRMATION_VERSION, "test": PAIRED_TEST, "alpha": alpha, "min_effect": MIN_EFFECT,
             "mode": claims[0].mode if claims else None, "claims": [c.to_json() for c in claims],
-            "family_size": len(claims), "configs": configs if claims else [],
-            "looks": [{"look": 1, "rounds": k2 if claims else 0, "threshold": threshold(alpha, len(claims)),
-                       "created_utc": created}],
+            "family_size": len(claims), "configs": configs, "rounds_needed": needed,
+            "rounds_requested": rounds,
+            "looks": [{"look": 1, "rounds": k2 if can else 0, "threshold": thr, "created_utc": created}],
             "screening_launches": screening_launches}
 
 
+def total_rounds(plan: dict, looks: int | None = None) -> int:
+    """Rounds planned over the first ``looks`` looks (all by default)."""
+    return sum(lk["rounds"] for lk in plan.get("looks", [])[:looks])
+
+
+def look_spent(plan: dict, look: int) -> bool:
+    """Could look ``look`` (1-based) certify anything: did its rounds in all reach its threshold?"""
+    lk = plan["looks"][look - 1]
+    rounds = total_rounds(plan, look)
+    return any(reachable(c, rounds, lk["threshold"]) for c in claims_of(plan))
+
+
+def next_threshold(plan: dict) -> float:
+    """The threshold of the next look: ALPHA/M halved once per earlier look that spent (module docstring)."""
+    spent = sum(look_spent(plan, i + 1) for i in range(len(plan.get("looks", []))))
+    return threshold(plan.get("alpha", ALPHA), plan.get("family_size", 0), spent + 1)
+
+
 def add_look(plan: dict, rounds: int, created: str) -> dict:
-    """``commdiag confirm --rounds K`` on a confirmed run: K more rounds, tested at a halved threshold."""
-    look = len(plan["looks"]) + 1
-    plan["looks"].append({"look": look, "rounds": rounds,
-                          "threshold": threshold(plan["alpha"], plan["family_size"], look), "created_utc": created})
+    """``commdiag confirm --rounds K`` on a confirmed run: K more rounds, tested at ``next_threshold``; the
+    configs launched are those of the claims the rounds in all can reach."""
+    thr = next_threshold(plan)
+    plan["looks"].append({"look": len(plan["looks"]) + 1, "rounds": rounds, "threshold": thr,
+                          "created_utc": created})
+    total = total_rounds(plan)
+    can = [c for c in claims_of(plan) if reachable(c, total, thr)]
+    plan["configs"] = [DEFAULT] + list(dict.fromkeys(c.config for c in can)) if can else []
     return plan
 
 
@@ -124,146 +174,288 @@ def claims_of(plan: dict) -> list[Claim]:
     return [Claim(**c) for c in plan.get("claims", [])]
 
 
+def unreachable(plan: dict) -> list[Claim]:
+    """The claims the plan's rounds in all cannot certify at its current threshold."""
+    looks = plan.get("looks", [])
+    if not looks:
+        return claims_of(plan)
+    total, thr = total_rounds(plan), looks[-1]["threshold"]
+    return [c for c in claims_of(plan) if not reachable(c, total, thr)]
+
+
 # ---------------------------------------------------------------- the test
+
+def decide(p: float, ratio: float, thr: float, alternative: str) -> str:
+    """Faster, slower or not certified: p <= thr and the ratio beyond the 3% rule (slower: two-sided only)."""
+    if p <= thr:
+        if ratio <= 1 - MIN_EFFECT:
+            return FASTER
+        if ratio >= 1 + MIN_EFFECT and alternative == TWO_SIDED:
+            return SLOWER
+    return NOT_CERTIFIED
+
 
 @dataclass(frozen=True)
 class Certification:
-    """The stage-2 answer to one claim."""
+    """The stage-2 answer to one claim (``test`` paired; ``--certify-sizes``' per-size claims: unpaired)."""
 
     claim: Claim
     look: int
     threshold: float
-    config_us: tuple[float, ...]  # the claimed config's stage-2 launch values (band: geometric mean over sizes)
-    default_us: tuple[float, ...]
+    config_us: tuple[float, ...]  # the config's values used (paired: its complete rounds, in round order; band:
+    default_us: tuple[float, ...]  # geometric mean over sizes), and default's from the same rounds
     p: float | None
-    p_floor: float  # the smallest p attainable with these launch counts
+    p_floor: float  # the smallest p attainable with these rounds (launch counts)
     ratio: float | None  # Hodges-Lehmann: config / default, < 1 faster
     result: str  # faster | slower | not certified
-    test: str  # rank (Wilcoxon-Mann-Whitney) | sign-flip (drift)
-    noise: float | None  # sd of ln launch value, pooled over the two arms
+    test: str  # paired signed-rank | rank (unpaired)
+    noise: float | None  # paired: sd of the round log-ratios; unpaired: sd of ln launch value, pooled
     states: tuple[float, float] | None  # two launch states, us (default's level)
-    launches_needed: int | None  # per arm, for 80% power at this noise
-    drift: tuple[float, float] | None  # default's Spearman (rho, p) across rounds
+    drift: tuple[float, float] | None  # default's Spearman (rho, p) across rounds: reported, never a switch
     eligible: bool
     note: str = ""
+    rounds: int | None = None  # paired: complete rounds (both launches usable)
+    dropped: int = 0  # paired: planned rounds left out (a launch missing, failed or unusable)
+    zeros: int = 0  # paired: complete rounds whose log-ratio is 0 (no sign; left out of p)
+    ratio_ci: tuple[float, float] | None = None  # exact interval of the ratio at ``ci_level``
+    ci_level: float | None = None
+    plan_reaches: bool = True  # the plan's rounds can reach ``threshold`` at all ("not certifiable with this plan")
+    rounds_to_certify: int | None = None  # complete rounds that could reach the threshold (of a further look)
+    next_threshold: float | None = None
 
     @property
     def certified(self) -> bool:
         return self.result in (FASTER, SLOWER)
 
     @property
-    def text(self) -> str:
-        c = self.claim
-        k = f"{len(self.config_us)} vs {len(self.default_us)} launches"
-        if self.p is None:
-            return f"not certified: {self.note or 'no stage-2 launches of both configs'}"
+    def reachable(self) -> bool:
+        return self.plan_reaches
+
+    @cached_property
+    def launches_needed(self) -> int | None:
+        """Not certified: launches per arm (rounds) for 80% power if the true effect were the screening
+        estimate (computed on demand: a simulation for few rounds).  None: no noise measured, or the
+        estimate is within the 3% rule, where no number of rounds gets 80%."""
+        if self.certified or self.noise is None or self.p is None:
+            return None
+        effect = self._screened
+        if self.test == PAIRED:
+            if effect <= paired.FASTER_EDGE:
+                return None
+            return paired.rounds_for_power(self.noise, effect, self.threshold, self.claim.alternative)
+        return stats.launches_for_power(self.noise, max(effect, math.log1p(MIN_EFFECT)), self.threshold,
+                                        self.claim.alternative)
+
+    @property
+    def _screened(self) -> float:
+        r = self.claim.screening_ratio
+        return abs(math.log(r)) if r else 0.0
+
+    @property
+    def headline(self) -> str:
+        """The answer in plain words."""
+        tail = "" if self.eligible else " (never a winner: a launch failed or gave wrong sums)"
         if self.certified:
-            pct = abs(self.ratio - 1) * 100
-            how = "faster" if self.result == FASTER else "slower"
-            tail = "" if self.eligible else " (never a winner: a launch failed or gave wrong sums)"
-            return (f"certified {how}: {pct:.1f}% {how} (ratio {self.ratio:.3f}, Hodges-Lehmann), "
-                    f"p = {self.p:.2g} <= {self.threshold:.2g} ({self.test} test, {k}){tail}")
-        noise = ("launches fall into two states, about {:.4g} and {:.4g} us".format(*self.states) if self.states
-                 else f"launch noise {self.noise * 100:.1f}%" if self.noise is not None else "launch noise unknown")
-        if self.p <= self.threshold:
+            return f"certified {abs(self.ratio - 1) * 100:.1f}% {self.result}{tail}"
+        if self.p is not None and self.p <= self.threshold:
             way = "slower" if self.ratio > 1 else "faster"
-            return (f"not certified - keep NCCL defaults: {abs(self.ratio - 1) * 100:.1f}% {way} is real "
-                    f"(p = {self.p:.2g}) but below the {MIN_EFFECT * 100:.0f}% worth a change ({k})")
-        n = len(min(self.config_us, self.default_us, key=len))
-        line = (f"not certified - keep NCCL defaults: p = {self.p:.2g} with {n} launches per arm "
-                f"(smallest attainable p = {self.p_floor:.2g}, needed <= {self.threshold:.2g}); {noise}")
-        if self.launches_needed is not None:
-            screened = abs(math.log(c.screening_ratio)) if c.screening_ratio else 0.0
-            line += (f"; if the true effect were {max(screened, math.log1p(MIN_EFFECT)) * 100:.0f}% (the screening "
-                     f"estimate, at least 3%), about {self.launches_needed} launches per arm would give 80% power "
-                     "at this noise")
-            if self.launches_needed > SANE_LAUNCHES:
-                line += ": an effect this small cannot be certified at a sane cost on this machine"
+            return (f"not certified, keep NCCL defaults: {abs(self.ratio - 1) * 100:.1f}% {way} is real but below "
+                    f"the {MIN_EFFECT * 100:.0f}% worth a change")
+        if not self.reachable:
+            return "not certifiable with this plan, keep NCCL defaults"
+        return "not certified, keep NCCL defaults"
+
+    @property
+    def details(self) -> list[str]:
+        """The statistics behind the headline, one phrase each."""
+        if self.p is None:
+            out = [self.note or "no complete round of both configs"]
+            return out if self.reachable else out + [self._unreachable()]
+        out = [self._evidence()]
+        if not self.certified and not self.reachable:
+            out.append(self._unreachable())
+        elif not self.certified and self.p > self.threshold:
+            if self.p_floor > self.threshold:
+                out.append(f"too few complete {'rounds' if self.test == PAIRED else 'launches'} left to reach "
+                           f"p <= {self.threshold:.2g}")
+            out.append(self._noise())
+            out += self._power()
+        if self.dropped:
+            out.append(f"{self.dropped} incomplete round{'s' if self.dropped != 1 else ''} left out")
+        if self.zeros:
+            out.append(f"{self.zeros} round{'s' if self.zeros != 1 else ''} with no difference (no sign) left out "
+                       "of p")
         if self.note:
-            line += f"; {self.note}"
-        return line
+            out.append(self.note)
+        return out
+
+    def _evidence(self) -> str:
+        ci = ""
+        if self.ratio_ci is not None:
+            ci = f", {self.ci_level:.1%} interval {self.ratio_ci[0]:.3f}-{self.ratio_ci[1]:.3f}"
+        if self.test == PAIRED:
+            return (f"ratio {self.ratio:.3f} (Hodges-Lehmann{ci}), p = {self.p:.2g} (needed <= {self.threshold:.2g}; "
+                    f"smallest attainable {self.p_floor:.2g}), paired signed-rank test over {self.rounds} "
+                    f"round{'s' if self.rounds != 1 else ''}")
+        return (f"ratio {self.ratio:.3f} (Hodges-Lehmann), p = {self.p:.2g} (needed <= {self.threshold:.2g}; "
+                f"smallest attainable {self.p_floor:.2g}), unpaired rank test, {len(self.config_us)} vs "
+                f"{len(self.default_us)} launches")
+
+    def _unreachable(self) -> str:
+        if self.rounds_to_certify is None:
+            return f"no p at or below {self.threshold:.2g} exists with these launches"
+        if not self.rounds:
+            return (f"it needs {self.rounds_to_certify} rounds: commdiag confirm RUN_DIR --rounds "
+                    f"{self.rounds_to_certify}")
+        more = max(1, self.rounds_to_certify - (self.rounds or 0) + self.zeros)
+        return (f"{self.rounds} rounds cannot reach p <= {self.threshold:.2g} at all; "
+                f"{self.rounds_to_certify} rounds can: commdiag confirm RUN_DIR --rounds {more}"
+                + (f" (that look is tested at {self.next_threshold:.2g})"
+                   if self.next_threshold is not None and self.next_threshold < self.threshold else ""))
+
+    def _noise(self) -> str:
+        if self.states:
+            return "launches fall into two states, about {:.4g} and {:.4g} us".format(*self.states)
+        if self.noise is None:
+            return "launch noise unknown"
+        if self.test == PAIRED:
+            return f"within-round noise {self.noise * 100:.1f}% (sd of the rounds' log-ratios)"
+        return f"launch noise {self.noise * 100:.1f}%"
+
+    def _power(self) -> list[str]:
+        effect = self._screened
+        if self.noise is None or not effect:
+            return []
+        r = self.claim.screening_ratio
+        said = f"{abs(r - 1) * 100:.1f}% {'faster' if r < 1 else 'slower'}"
+        if self.test == PAIRED and effect <= paired.FASTER_EDGE:
+            return [f"the screening estimate ({said}) is within the {MIN_EFFECT * 100:.0f}% worth a change: "
+                    "more rounds would not make it a claim"]
+        n = self.launches_needed
+        if n is None:
+            return [f"an effect of {said} cannot be certified at this noise at any cost"]
+        out = [f"if the true effect were the screening estimate's {said}"
+               + ("" if self.test == PAIRED or effect >= math.log1p(MIN_EFFECT) else " (at least 3%)")
+               + f", about {n} launches per arm would give 80% power at this noise"]
+        if n > SANE_LAUNCHES:
+            out.append("an effect this small cannot be certified at a sane cost on this machine")
+        return out
+
+    @property
+    def text(self) -> str:
+        """One line (JSON, HTML): the headline, then the statistics."""
+        return f"{self.headline}: " + "; ".join(self.details)
+
+    def lines(self, indent: str = "  ", width: int = WIDTH) -> list[str]:
+        """The console form: "<claim>: <headline>", then the statistics wrapped and indented under it."""
+        wrap = dict(width=width, break_on_hyphens=False, break_long_words=True)
+        out = textwrap.wrap(f"{self.claim.label}: {self.headline}", initial_indent=indent,
+                            subsequent_indent=indent + "    ", **wrap)
+        return out + textwrap.wrap("; ".join(self.details), initial_indent=indent + "    ",
+                                   subsequent_indent=indent + "    ", **wrap)
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d.update(certified=self.certified, text=self.text)
+        d.update(certified=self.certified, reachable=self.reachable, launches_needed=self.launches_needed,
+                 headline=self.headline, text=self.text)
         return d
 
 
-def test_claim(claim: Claim, xs: dict[int, float], ys: dict[int, float], round_of: dict[int, int], *,
-               thr: float, look: int, eligible: bool) -> Certification:
-    """One claim from stage-2 launch values (launch -> ln value) of the config (xs) and default (ys)."""
-    x = [xs[l] for l in sorted(xs)]
-    y = [ys[l] for l in sorted(ys)]
-    floor = stats.smallest_p(len(x), len(y), claim.alternative)
-    us = lambda vals: tuple(round(math.exp(v), 4) for v in vals)  # noqa: E731
-    if not x or not y:
-        return Certification(claim, look, thr, us(x), us(y), None, floor, None, NOT_CERTIFIED, "rank", None, None,
-                             None, None, eligible, "no usable stage-2 launch of " + ("default" if x else claim.config))
-    p = stats.rank_test(x, y, claim.alternative)
-    hl = stats.hodges_lehmann(x, y)
-    ratio = math.exp(hl)
-    test = "rank"
-    note = ""
-    trend = stats.drift([(round_of[l], v) for l, v in ys.items() if l in round_of]) if round_of else None
-    if trend is not None and trend[1] < DRIFT_P:
-        by_round_x = {round_of[l]: v for l, v in xs.items() if l in round_of}
-        by_round_y = {round_of[l]: v for l, v in ys.items() if l in round_of}
-        pairs = [by_round_x[r] - by_round_y[r] for r in sorted(set(by_round_x) & set(by_round_y))]
-        p = stats.signflip_test(pairs, claim.alternative)
-        floor = (2.0 if claim.alternative == TWO_SIDED else 1.0) / 2 ** len(pairs) if pairs else 1.0
-        test = "sign-flip"
-        factor = 2.0 if claim.alternative == TWO_SIDED else 1.0
-        need = next(n for n in range(1, 64) if factor / 2 ** n <= thr)
-        note = (f"default drifted across rounds (Spearman rho {trend[0]:+.2f}, p = {trend[1]:.2g}): judged by the "
-                f"exact within-round sign-flip test, which needs {need} or more paired rounds in all at this "
-                f"threshold (this run has {len(pairs)}); confirm.rounds: {need} in the spec gets them in one look")
-    sd = stats.pooled_sd([x, y])
-    mx, my = stats.median(x), stats.median(y)
-    states = stats.two_states([v - mx for v in x] + [v - my for v in y])
-    # the effect to power for: screening's estimate (independent of these launches), at least the 3% minimum
-    screened = abs(math.log(claim.screening_ratio)) if claim.screening_ratio else 0.0
-    effect = max(screened, math.log1p(MIN_EFFECT))
-    needed = stats.launches_for_power(sd or 0.0, effect, thr, claim.alternative)
-    result = NOT_CERTIFIED
-    if p <= thr:
-        if ratio <= 1 - MIN_EFFECT:
-            result = FASTER
-        elif ratio >= 1 + MIN_EFFECT and claim.alternative == TWO_SIDED:
-            result = SLOWER
-    return Certification(claim, look, thr, us(x), us(y), p, floor, ratio, result, test, sd,
-                         tuple(round(math.exp(my + s), 4) for s in states) if states else None,
-                         None if result != NOT_CERTIFIED else needed, trend, eligible, note)
+def _us(vals) -> tuple[float, ...]:
+    return tuple(round(math.exp(v), 4) for v in vals)
+
+
+def _sd(vals) -> float | None:
+    if len(vals) < 2:
+        return None
+    m = stats.mean(vals)
+    return math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1))
+
+
+def test_claim(claim: Claim, xs: dict[int, float], ys: dict[int, float], *, thr: float, look: int,
+               eligible: bool, planned: int = 0, next_thr: float | None = None) -> Certification:
+    """One claim from stage-2 values by round (round -> ln value) of the config (xs) and default (ys):
+    the paired signed-rank test over the complete rounds (module docstring).  ``planned``: the rounds
+    the plan ran (those missing either launch are counted as left out); ``next_thr``: the threshold of a
+    further look (for the "not certifiable with this plan" hint)."""
+    rounds = sorted(set(xs) & set(ys))
+    d = [xs[r] - ys[r] for r in rounds]
+    x, y = [xs[r] for r in rounds], [ys[r] for r in rounds]
+    dropped = max(planned, len(set(xs) | set(ys))) - len(rounds)
+    signed = paired.nonzero_rounds(d)
+    floor = paired.smallest_p(signed, claim.alternative)
+    need_thr = next_thr if next_thr is not None else thr
+    to_certify = paired.rounds_to_reach(need_thr, claim.alternative)
+    common = dict(rounds=len(rounds), dropped=dropped, zeros=len(rounds) - signed,
+                  plan_reaches=reachable(claim, max(planned, len(rounds)), thr),
+                  rounds_to_certify=to_certify, next_threshold=next_thr)
+    if not rounds:
+        note = (f"{claim.config} was not launched: the plan's rounds cannot reach p <= {thr:.2g}"
+                if not common["plan_reaches"] else f"no complete stage-2 round of {claim.config} and default")
+        return Certification(claim, look, thr, _us(x), _us(y), None, floor, None, NOT_CERTIFIED, PAIRED, None, None,
+                             None, eligible, note, **common)
+    p = paired.signed_rank_p(d, claim.alternative)
+    ratio = math.exp(paired.hodges_lehmann(d))
+    tail = thr / 2 if claim.alternative == TWO_SIDED else thr
+    ci = paired.interval(d, tail)
+    trend = stats.drift([(r, ys[r]) for r in rounds])
+    my = stats.median(y)
+    states = stats.two_states([v - stats.median(x) for v in x] + [v - my for v in y])
+    return Certification(claim, look, thr, _us(x), _us(y), p, floor, ratio,
+                         decide(p, ratio, thr, claim.alternative), PAIRED, _sd(d),
+                         tuple(round(math.exp(my + s), 4) for s in states) if states else None, trend, eligible,
+                         ratio_ci=(math.exp(ci[0]), math.exp(ci[1])) if ci else None,
+                         ci_level=1 - 2 * tail if ci else None, **common)
+
+
+def _groups(values: list[stats.LaunchValue], claim: Claim, band_sizes: dict[str, list[int]],
+            cache: dict) -> dict[str, dict[int, float]]:
+    """{config: {launch: value}} of the claim's band (or size) and mode."""
+    if claim.band is not None:
+        key = (claim.mode, claim.band)
+        if key not in cache:
+            cache[key] = band_values(values, band_sizes.get(claim.band, []), claim.mode)
+        return cache[key]
+    groups: dict[str, dict[int, float]] = {}
+    for v in values:
+        if v.mode == claim.mode and v.size_bytes == claim.size_bytes:
+            groups.setdefault(v.config, {})[v.launch] = v.value
+    return groups
+
+
+def by_round(launch_values: dict[int, float], round_of: dict[int, int]) -> dict[int, float]:
+    """launch -> value as round -> value (launches without a round are left out)."""
+    return {round_of[l]: v for l, v in launch_values.items() if l in round_of}
 
 
 def certify(plan: dict, values: list[stats.LaunchValue], band_sizes: dict[str, list[int]],
             round_of: dict[int, int], excluded: dict[str, str]) -> list[Certification]:
-    """Every claim of ``plan`` tested on the stage-2 launch values (all rounds of all looks so far)."""
+    """Every claim of ``plan`` tested on the stage-2 values (all rounds of all looks so far);
+    ``round_of``: stage-2 launch -> its round."""
     values = [v for v in values if v.stage == 2]
-    look = len(plan.get("looks", [])) or 1
-    thr = threshold(plan.get("alpha", ALPHA), plan.get("family_size", 0), look)
+    looks = plan.get("looks", [])
+    look = len(looks) or 1
+    thr = looks[-1]["threshold"] if looks else threshold(plan.get("alpha", ALPHA), plan.get("family_size", 0))
+    planned = total_rounds(plan)
+    nxt = next_threshold(plan) if looks else None
     out = []
-    cache: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
+    cache: dict = {}
     for claim in claims_of(plan):
-        if claim.band is not None:
-            key = (claim.mode, claim.band)
-            if key not in cache:
-                cache[key] = band_values(values, band_sizes.get(claim.band, []), claim.mode)
-            groups = cache[key]
-        else:
-            groups = {}
-            for v in values:
-                if v.mode == claim.mode and v.size_bytes == claim.size_bytes:
-                    groups.setdefault(v.config, {})[v.launch] = v.value
-        out.append(test_claim(claim, groups.get(claim.config, {}), groups.get(DEFAULT, {}), round_of, thr=thr,
-                              look=look, eligible=claim.config not in excluded))
+        groups = _groups(values, claim, band_sizes, cache)
+        out.append(test_claim(claim, by_round(groups.get(claim.config, {}), round_of),
+                              by_round(groups.get(DEFAULT, {}), round_of), thr=thr, look=look,
+                              eligible=claim.config not in excluded, planned=planned,
+                              next_thr=None if nxt is None or reachable(claim, planned, thr) else nxt))
     return out
 
 
-def band_ratio(values: list[stats.LaunchValue], config: str, mode: str, sizes: list[int]) -> float | None:
-    """Hodges-Lehmann ratio of ``config`` against default over ``sizes`` from stage-2 launches."""
+def band_ratio(values: list[stats.LaunchValue], config: str, mode: str, sizes: list[int],
+               round_of: dict[int, int]) -> float | None:
+    """Paired Hodges-Lehmann ratio of ``config`` against default over ``sizes`` from stage-2 rounds."""
     groups = band_values([v for v in values if v.stage == 2], sizes, mode)
-    x, y = list(groups.get(config, {}).values()), list(groups.get(DEFAULT, {}).values())
-    return math.exp(stats.hodges_lehmann(x, y)) if x and y else None
+    xs, ys = by_round(groups.get(config, {}), round_of), by_round(groups.get(DEFAULT, {}), round_of)
+    d = [xs[r] - ys[r] for r in sorted(set(xs) & set(ys))]
+    return math.exp(paired.hodges_lehmann(d)) if d else None
 
 
 # ---------------------------------------------------------------- per-size certification (one stage)
@@ -291,6 +483,26 @@ def certify_sizes(screening: Screening, values: list[stats.LaunchValue], alpha: 
     for s, c in cells:
         est = next((e for e in screening.cells if e.config == c and e.size_bytes == s and e.mode == mode), None)
         claim = Claim(c, mode, None, s, TWO_SIDED, "certify-sizes", est.ratio if est else None)
-        out.append(test_claim(claim, by[s][c], by[s].get(DEFAULT, {}), {}, thr=thr, look=1,
-                              eligible=c not in screening.excluded))
+        out.append(unpaired_claim(claim, by[s][c], by[s].get(DEFAULT, {}), thr=thr,
+                                  eligible=c not in screening.excluded))
     return out
+
+
+def unpaired_claim(claim: Claim, xs: dict[int, float], ys: dict[int, float], *, thr: float,
+                   eligible: bool) -> Certification:
+    """One per-size claim from stage-1 launch values (launch -> ln value): the exact unpaired rank test
+    and the two-sample Hodges-Lehmann ratio over all launches of the two configs."""
+    x = [xs[l] for l in sorted(xs)]
+    y = [ys[l] for l in sorted(ys)]
+    floor = stats.smallest_p(len(x), len(y), claim.alternative)
+    if not x or not y:
+        return Certification(claim, 1, thr, _us(x), _us(y), None, floor, None, NOT_CERTIFIED, UNPAIRED, None, None,
+                             None, eligible, "no usable launch of " + ("default" if x else claim.config))
+    p = stats.rank_test(x, y, claim.alternative)
+    ratio = math.exp(stats.hodges_lehmann(x, y))
+    my = stats.median(y)
+    states = stats.two_states([v - stats.median(x) for v in x] + [v - my for v in y])
+    return Certification(claim, 1, thr, _us(x), _us(y), p, floor, ratio, decide(p, ratio, thr, claim.alternative),
+                         UNPAIRED, stats.pooled_sd([x, y]),
+                         tuple(round(math.exp(my + s), 4) for s in states) if states else None, None, eligible,
+                         plan_reaches=floor <= thr)

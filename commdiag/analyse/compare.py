@@ -10,6 +10,13 @@ effect.  A change is "certified" only when p <= 1%/m and the ratio is at least
 against 3 launches: the smallest attainable p is 0.1), and the line says so with
 that smallest p, instead of a verdict.
 
+Why unpaired, when stage 2 of a sweep is paired (paired.py): the launches of run A and
+run B were never randomized against each other (different times, often different
+machines or versions), so no round pairs a launch of A with one of B.  Inside each run a
+config's launches sit at places shuffled independently in every round, so each run's
+launches of a config are exchangeable draws of that run: what the unpaired rank test
+needs.  It cannot say why a cell changed: anything that differs between the runs counts.
+
 It also diffs the two environment fingerprints (driver, NCCL, torch, CUDA, GPUs,
 topology, host, kernel, ...) and the measurement settings (ranks, dtype, iters,
 method), and warns when a matched config's settings differ: those are the usual

@@ -44,11 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from . import celltime, stats, verdict
+from . import celltime, machinereport, stats, verdict
 from ..measure import collectives
 from ..formats import results
 from .screening import band_text
 from ..atomic import write_text
+from ..wrap import wrapped
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -407,14 +408,17 @@ def _certified_section(verdicts: verdict.Verdicts) -> str:
     if verdicts.certifications:
         plan = verdicts.confirmation or {}
         out.append(f"<p>Stage 2: {esc(sum(lk['rounds'] for lk in plan.get('looks', [])))} fresh rounds of default "
-                   f"and every claimed config; exact Wilcoxon-Mann-Whitney on band values; family of "
-                   f"{esc(verdicts.family_size)} claim(s) at {verdicts.alpha:.0%}.</p>")
+                   f"and every claimed config, shuffled within each round; per claim the exact Wilcoxon signed-rank "
+                   f"test on the rounds' log-ratios (config vs default in the same round) and their Hodges-Lehmann "
+                   f"ratio; family of {esc(verdicts.family_size)} claim(s) at {verdicts.alpha:.0%}.</p>")
         rows = []
         for c in verdicts.certifications:
             cls = c.result.replace(" ", "-") if c.certified else "inconclusive"
             rows.append([esc(c.claim.config), esc(c.claim.mode), esc(c.claim.where),
                          esc("faster" if c.claim.alternative == stats.LESS else "either way"), esc(c.claim.reason),
-                         f"<span class=\"{cls}\">{esc(c.text)}</span>",
+                         f"<span class=\"{cls}\">{esc(c.text)}</span>"
+                         + "".join(f"<br><span class=\"bad\">{esc(t.strip())}</span>"
+                                   for t in machinereport.claim_lines(verdicts, c, "")),
                          esc(", ".join(plain(v) for v in c.config_us)), esc(", ".join(plain(v) for v in c.default_us))])
         out.append(_table(["config", "mode", "where", "tested", "why a claim", "answer", "config launches (us)",
                            "default launches (us)"], rows, raw_cells=True))
@@ -474,7 +478,8 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, values: list[s
                   run.get("created_utc"), run.get("state"), ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))]]),
          f"<p>Verdicts come in two stages ({doc_link('verdicts.md')}). Stage 1, screening: the interleaved trials give "
          "estimates per config, size and band, with every launch's value; they pick the claims. Stage 2, "
-         "confirmation: fresh rounds of default and the claimed configs, an exact rank test per claim; only a "
+         "confirmation: fresh rounds of default and the claimed configs, an exact paired test per claim on "
+         "the log-ratios within each round; only a "
          "certified claim says faster or slower or makes a profile.</p>"]
     if verdicts.warnings or run.get("warnings"):
         b.append("<ul class=\"warn\">" + "".join(f"<li>{esc(w)}</li>" for w in
@@ -517,6 +522,8 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, values: list[s
     b.append(_explain_section(run, tokens_by_size))
     b.append("<h2>Launch overhead</h2>")
     b.append(_overhead_section(run))
+    b.append("<h2>The machine during the launches</h2>")
+    b.append(machinereport.html_section(run, verdicts))
     b.append("<h2>What each rank saw, and what NCCL applied</h2>")
     b.append(f"<p>{esc(run.get('nccl_debug'))}</p>")
     b.append(_confirmations(run))
@@ -630,6 +637,12 @@ def write_profiles(run_dir: str | Path, verdicts: verdict.Verdicts, run: dict) -
     run_dir = Path(run_dir)
     created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     plan = verdict.profile_plan(verdicts, run, str(run_dir), created)
+    first = next(iter(verdicts.bands), None)
+    # A confounded winner (the machine differed between its arms in stage 2) gets no profile: nothing to
+    # install until a clean rerun certifies it (the verdict line says so); never silently certified.
+    plan = {name: v for name, v in plan.items()
+            if not machinereport.profile_note(verdicts, first if name == "profile.env"
+                                              else name[len("profile-"):-len(".env")])}
     for old in run_dir.glob("profile*.env"):
         # only regular files are read (a FIFO named profile-x.env would block the read forever)
         if old.name not in plan and old.is_file() and not old.is_symlink() \
@@ -664,12 +677,14 @@ def render_verdicts(verdicts: verdict.Verdicts) -> str:
     lines.append("")
     lines.append(f"confirmation (stage 2): {verdicts.status}: {verdicts.status_note}")
     for c in verdicts.certifications:
-        lines.append(f"  {c.claim.config} {c.claim.where} ({c.claim.mode}): {c.text}")
+        lines += c.lines("  ")
+        lines += machinereport.claim_lines(verdicts, c)
     if verdicts.status in (verdict.SCREENING_ONLY, verdict.PENDING):
         lines.append("no winner yet: nothing is certified before stage 2 (keep NCCL defaults meanwhile)")
     else:
         for w in verdicts.band_winners:
             lines.append(f"winner {w.mode} band {w.band}: {w.text}")
+            lines += machinereport.winner_lines(verdicts, w)
     for n in verdicts.notes:
         lines.append(n)
     if verdicts.size_certifications:
@@ -677,13 +692,15 @@ def render_verdicts(verdicts: verdict.Verdicts) -> str:
         lines.append(f"per-size certification (--certify-sizes): {len(done)} of {len(verdicts.size_certifications)} "
                      f"config x size claims certified (each at p <= {verdicts.size_certifications[0].threshold:.2g})")
         for c in done:
-            lines.append(f"  {c.claim.config} at {c.claim.where}: {c.text}")
+            lines += c.lines("  ")
+            lines += machinereport.claim_lines(verdicts, c)
     for c, why in verdicts.excluded.items():
         if c != stats.DEFAULT:  # default is the reference, never a candidate; its failures are listed anyway
             lines.append(f"never a winner: {c} ({why})")
     for w in verdicts.warnings:
         lines.append(f"warning: {w}")
-    return "\n".join(lines)
+    lines += machinereport.summary_lines(verdicts)
+    return "\n".join(wrapped(lines))
 
 
 def _fit(name: str, width: int) -> str:

@@ -15,16 +15,19 @@ and its between-launch spread was the largest of the candidates (sd of ln
 against 0.137).  A band's value is the mean of a launch's values over the band's
 sizes.
 
-Exact tests.  The Wilcoxon-Mann-Whitney rank test on launch values is exact
-whatever shape the launch noise has (log-normal, two-state, rare slow launches,
-heavy tails): under "no difference", fresh launches of two configs are
-exchangeable, and every ordering of their ranks is equally likely.  Its price is
-a floor on the p-value: with k launches per arm the smallest attainable one-sided
-p is 1/C(2k,k) (0.05 at k=3, 0.0022 at k=6), so a claim needs enough launches
-for the floor to sit below its share of the error rate.  scipy provides the exact
-distribution (``mannwhitneyu(method="exact")``, vectorised over claims); the
-Hodges-Lehmann estimate (median of pairwise differences) is the matching effect
-size, reported as a ratio of times.
+Exact tests.  Stage 2 (certify.py) uses the paired within-round signed-rank test
+of paired.py: its rounds are shuffled within each round, so only the two launches
+of a round are exchangeable.  What is here is the unpaired Wilcoxon-Mann-Whitney
+rank test on launch values, for launches that are exchangeable as a whole:
+``commdiag compare`` (two runs: no round pairs their launches) and
+``--certify-sizes``.  It is exact whatever shape the launch noise has (log-normal,
+two-state, rare slow launches, heavy tails) when, under "no difference", the
+launches of the two arms are exchangeable.  Its price is a floor on the p-value:
+with k launches per arm the smallest attainable one-sided p is 1/C(2k,k) (0.05 at
+k=3, 0.0022 at k=6).  scipy provides the exact distribution
+(``mannwhitneyu(method="exact")``, vectorised over claims); the Hodges-Lehmann
+estimate (median of pairwise differences) is the matching effect size, reported
+as a ratio of times.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from dataclasses import dataclass
 ALPHA = 0.01  # family-wise error rate of every certified claim of a run
 MIN_EFFECT = 0.03  # smallest speedup or slowdown worth a claim (GPU clocks drift a few % anyway)
 TRIM = 0.05  # fraction of a launch's samples dropped at each end before the mean of ln(time)
-MIN_ROUNDS = 6  # stage 2 never runs fewer confirmation rounds (1/C(12,6) = 0.0011)
 POWER = 0.80  # "about N launches per arm would give 80% power"
 NOISE_WARN = 0.10  # warn when the between-launch noise (sd of ln value) exceeds 10%
 DEFAULT = "default"
@@ -131,30 +133,11 @@ def launches_to_reach(threshold: float, alternative: str = TWO_SIDED, at_least: 
     return k
 
 
-def signflip_test(diffs, alternative: str = TWO_SIDED) -> float:
-    """Exact within-round sign-flip test on paired differences (config - default per round): under
-    no effect each difference is as likely positive as negative, even when the machine drifts
-    between rounds.  Smallest attainable p: 1/2^n (2/2^n two-sided)."""
-    import itertools
-
-    d = [float(v) for v in diffs]
-    n = len(d)
-    if n == 0:
-        return 1.0
-    obs = sum(d)
-    hits = 0
-    for signs in itertools.product((1, -1), repeat=n):
-        s = sum(a * b for a, b in zip(signs, d))
-        if alternative == LESS:
-            hits += s <= obs + 1e-12
-        else:
-            hits += abs(s) >= abs(obs) - 1e-12
-    return hits / 2 ** n
-
-
 def drift(values_by_round: list[tuple[int, float]]) -> tuple[float, float] | None:
     """Spearman rank correlation (rho, p) of default's launch values with the round index, or None
-    with fewer than 5 launches: a trend across rounds means the machine drifted during stage 2."""
+    with fewer than 5 launches: a trend across rounds means the machine drifted during stage 2.
+    Reported only: stage 2's paired test compares launches of the same round, so drift between
+    rounds cannot bias it (paired.py)."""
     from scipy.stats import spearmanr
 
     if len(values_by_round) < 5:

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import certify, screening, stats
+from . import certify, confounders, screening, stats
 from .certify import Certification
 from .screening import Screening
 from .stats import ALPHA, MIN_EFFECT
 
 SCREENING_ONLY, NO_CANDIDATES, PENDING, CONFIRMED = ("screening only", "nothing to confirm",
                                                      "confirmation unfinished", "confirmed")
+# The commdiag-verdicts (and commdiag-sweep-result) JSON envelope: 2 = stage 2 judged by the unpaired rank
+# test; 3 = by the paired within-round signed-rank test (certifications gain rounds, dropped, zeros,
+# ratio_ci, ci_level, plan_reaches, rounds_to_certify, headline; noise is the sd of the round log-ratios).
+VERDICTS_VERSION = 3
+NOT_CERTIFIABLE = "not certifiable with this plan"  # stage 2's rounds cannot reach any claim's threshold
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ class Winner:
 @dataclass(frozen=True)
 class Verdicts:
     screening: Screening
-    status: str  # screening only | nothing to confirm | confirmation unfinished | confirmed
+    status: str  # screening only | nothing to confirm | confirmation unfinished | confirmed | not certifiable ...
     status_note: str
     confirmation: dict | None  # run.json's stage-2 plan
     certifications: tuple[Certification, ...]
@@ -61,6 +66,7 @@ class Verdicts:
     notes: tuple[str, ...] = ()  # the A/A check's PASS/FAIL, and why NCCL settings do nothing under gloo
     alpha: float = ALPHA
     min_effect: float = MIN_EFFECT
+    confounders: confounders.Confounders | None = None  # the machine during the launches (confounders.py)
 
     # what the report and the CLI read besides the two stages
     @property
@@ -98,14 +104,17 @@ class Verdicts:
         return {"method": {"alpha_familywise": self.alpha, "min_effect": self.min_effect,
                            "per_launch_value": f"mean of ln(samples) after dropping {stats.TRIM:.0%} at each end",
                            "stage1": "screening estimates (not verdicts) from the interleaved trials",
-                           "stage2": "exact Wilcoxon-Mann-Whitney on band values of fresh rounds, Bonferroni over "
-                                     "the run's M claims; Hodges-Lehmann ratio <= 0.97 / >= 1.03"},
+                           "stage2": "exact Wilcoxon signed-rank test on the within-round log-ratios of fresh "
+                                     "rounds (config vs default in the same shuffled round), Bonferroni over the "
+                                     "run's M claims; Hodges-Lehmann ratio of the same rounds <= 0.97 / >= 1.03",
+                           "stage2_test": certify.PAIRED_TEST},
                 "status": self.status, "status_note": self.status_note, "family_size": self.family_size,
                 "primary_mode": self.primary_mode, "confirmation": self.confirmation,
                 "certifications": [c.to_json() for c in self.certifications],
                 "band_winners": [w.to_json() for w in self.band_winners],
                 "size_certifications": [c.to_json() for c in self.size_certifications],
                 "notes": list(self.notes),
+                "confounders": self.confounders.to_json() if self.confounders else None,
                 "screening": self.screening.to_json()}
 
 
@@ -114,7 +123,20 @@ def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str
     from dataclasses import replace
 
     v = _evaluate(values, run, excluded)
-    return replace(v, notes=tuple(_notes(v, run)))
+    return replace(v, notes=tuple(_rejudged(v) + _notes(v, run)),
+                   confounders=confounders.check(run, v.certifications + v.size_certifications))
+
+
+def _rejudged(v: Verdicts) -> list[str]:
+    """A run confirmed before the paired test (confirmation format 1): its rounds are judged again the
+    current way, and the output says so once."""
+    plan = v.confirmation or {}
+    if not plan.get("claims") or v.status == PENDING or (plan.get("test") == certify.PAIRED_TEST
+                                                         and not plan.get("upgraded_from")):
+        return []
+    return ["stage 2 judged again with the paired within-round signed-rank test: this run was confirmed "
+            "with the unpaired rank test (confirmation format 1), which stage 2's within-round shuffle "
+            "does not support (docs/verdicts.md)"]
 
 
 def _notes(v: Verdicts, run: dict) -> list[str]:
@@ -133,7 +155,9 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
         return notes
     names = ", ".join(twins)
     loose = [c for c in twins if envs[c] != envs.get(stats.DEFAULT, {})]  # identical only because gloo ignores NCCL_*
-    if v.status == SCREENING_ONLY or v.status == PENDING:
+    decided = {c.claim.config for c in v.certifications if c.claim.config in twins and c.reachable}
+    if v.status in (SCREENING_ONLY, PENDING, NOT_CERTIFIABLE) or (
+            any(c.claim.config in twins for c in v.certifications) and not decided):
         same = "identical to default" + (" under gloo, which never loads NCCL" if loose else "")
         notes.append(f"A/A check ({names} {same}): not decided yet ({v.status})")
         return notes
@@ -172,7 +196,7 @@ def _evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, st
     if any(l.get("status") == "pending" for l in stage2):
         return Verdicts(scr, PENDING, f"commdiag sweep --resume {run_dir_hint(run)} finishes it", plan, (),
                         _no_winners(scr), tuple(sizes))
-    round_of = {l["index"]: int(l.get("round", 0)) for l in stage2}
+    round_of = {l["index"]: int(l["round"]) for l in stage2 if isinstance(l.get("round"), int)}
     certs = certify.certify(plan, values, scr.band_sizes, round_of, excluded)
     winners = []
     for b in scr.bands:
@@ -183,12 +207,19 @@ def _evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, st
             winners.append(Winner(mode, b, None, None, None))
             continue
         w = min(best, key=lambda c: (c.ratio, c.claim.config))
-        others = {o: certify.band_ratio(values, w.claim.config, mode, scr.band_sizes.get(o, []))
+        others = {o: certify.band_ratio(values, w.claim.config, mode, scr.band_sizes.get(o, []), round_of)
                   for o in scr.bands if o != b and scr.band_sizes.get(o)}
         winners.append(Winner(mode, b, w.claim.config, w.ratio, w.p, others))
     looks = len(plan.get("looks", []))
-    note = (f"{sum(c.certified for c in certs)} of {len(certs)} claims certified; stage 2: "
-            f"{sum(lk['rounds'] for lk in plan.get('looks', []))} rounds"
+    total = certify.total_rounds(plan)
+    if not any(c.reachable for c in certs):
+        need = max(c.rounds_to_certify or 0 for c in certs)
+        asked = total or plan.get("rounds_requested") or 0  # nothing launched: the rounds that were asked for
+        return Verdicts(scr, NOT_CERTIFIABLE,
+                        f"{asked} rounds cannot reach p <= {plan['looks'][-1]['threshold']:.2g} for any claim; "
+                        f"{need} rounds can: commdiag confirm {run_dir_hint(run)} --rounds {max(1, need - total)}",
+                        plan, tuple(certs), tuple(winners), tuple(sizes))
+    note = (f"{sum(c.certified for c in certs)} of {len(certs)} claims certified; stage 2: {total} rounds"
             + (f" over {looks} looks" if looks > 1 else ""))
     return Verdicts(scr, CONFIRMED, note, plan, tuple(certs), tuple(winners), tuple(sizes))
 
@@ -240,7 +271,7 @@ def profile_plan(verdicts: Verdicts, run: dict, source: str, created: str) -> di
             continue
         meta = {"source": source, "band": f"{w.band} {screening.band_text(verdicts.bands[w.band])}", "config": w.config,
                 "created": created, "mode": w.mode,
-                "certified": f"ratio {w.ratio:.3f} vs default, p = {w.p:.2g} (stage 2, exact rank test)"}
+                "certified": f"ratio {w.ratio:.3f} vs default, p = {w.p:.2g} (stage 2, paired signed-rank test)"}
         plan[f"profile-{w.band}.env"] = ({k: str(v) for k, v in envs.get(w.config, {}).items()}, meta)
     first_band = next(iter(verdicts.bands), None)  # the spec's first band, even when its name was refused
     if first_band in band_names and f"profile-{first_band}.env" in plan:

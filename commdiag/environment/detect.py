@@ -22,7 +22,7 @@ import platform
 import sys
 from dataclasses import dataclass, field
 
-from . import pyprobe
+from . import pcie as pcie_mod, pcieadvice, pyprobe
 from ..errors import CommdiagError
 from .topology import Topology, topology
 
@@ -44,6 +44,7 @@ class Detection:
     versions: dict
     nvml_readings: dict | None = None  # what topology was computed from: a recording, replayable
     notes: list[str] = field(default_factory=list)
+    pcie: pcie_mod.PcieAudit | None = None  # the ACS/IOMMU audit (pcie.py); None when not asked for
 
     @property
     def ok(self) -> bool:
@@ -52,7 +53,8 @@ class Detection:
 
     def to_json(self) -> dict:
         return {"pythons": [p.to_json() for p in self.pythons], "topology": self.topology.to_json(),
-                "versions": self.versions, "nvml_readings": self.nvml_readings, "notes": self.notes}
+                "versions": self.versions, "nvml_readings": self.nvml_readings, "notes": self.notes,
+                "pcie": self.pcie.to_json() if self.pcie else None}
 
 
 def find_libnccl() -> str | None:
@@ -102,13 +104,15 @@ def collect_versions(topo: Topology, *, with_torch: bool = True) -> dict:
 
 
 def detect(pythons=(), *, current: bool = True, nvml_readings: dict | None = None, with_torch: bool = True,
-           cross_check: bool = True) -> Detection:
-    """Probe interpreters, read (or replay) the topology, collect versions."""
+           cross_check: bool = True, sysfs_root: str | None = "/") -> Detection:
+    """Probe interpreters, read (or replay) the topology, audit ACS/IOMMU under ``sysfs_root``
+    (None: skip it), collect versions."""
     reports = []
     targets = ([sys.executable] if current else []) + [p for p in pythons]
     for py in dict.fromkeys(targets):
         try:
-            reports.append(PythonReport(py, pyprobe.probe(py, cross_check=cross_check)))
+            # read-only: as root, a tree another user can change is probed as that user (trust.py)
+            reports.append(PythonReport(py, pyprobe.probe(py, cross_check=cross_check, allow_user_owned=True)))
         except CommdiagError as e:
             reports.append(PythonReport(py, None, str(e)))
     readings = nvml_readings
@@ -135,7 +139,8 @@ def detect(pythons=(), *, current: bool = True, nvml_readings: dict | None = Non
             raise CommdiagError(f"--nvml-replay: the recording has an unexpected shape "
                                 f"({e.__class__.__name__}: {str(e)[:120]})") from None
         notes.append("topology replayed from a recording")
-    return Detection(reports, topo, collect_versions(topo, with_torch=with_torch), readings, notes)
+    audit = None if sysfs_root is None else pcie_mod.audit(sysfs_root, nvml_bus_ids=[g.bus_id for g in topo.gpus])
+    return Detection(reports, topo, collect_versions(topo, with_torch=with_torch), readings, notes, audit)
 
 
 def shadowing(h: pyprobe.PythonHooks, shadowed: str) -> tuple[str, str, str]:
@@ -209,6 +214,8 @@ def render(d: Detection) -> str:
         for a in t.advice:
             lines += wrapped("NCCL_P2P_LEVEL: ", a, "  ")
     lines.append("")
+    if d.pcie is not None:
+        lines += pcieadvice.render(d.pcie) + [""]
     v = d.versions
     lines.append("Versions: " + ", ".join(f"{k} {v[k]}" for k in ("driver", "cuda_driver", "nccl", "torch", "python")
                                           if v.get(k)))

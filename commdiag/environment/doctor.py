@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from . import detect as detect_mod, envcheck
+from . import detect as detect_mod, envcheck, ncclib, p2plevel
 from .topology import MIXED, NVLINK, PCIE_NO_P2P, PCIE_P2P
+from . import pcieadvice
 
 SEVERITY = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
 
@@ -32,6 +33,7 @@ class DoctorReport:
     findings: list[Finding]
     detection: detect_mod.Detection
     env: envcheck.EnvCheck
+    libs: list[ncclib.NcclLibs] = ()  # per interpreter: torch's NCCL and PyNccl's (ncclib.py)
 
     @property
     def healthy(self) -> bool:
@@ -39,7 +41,8 @@ class DoctorReport:
 
     def to_json(self) -> dict:
         return {"healthy": self.healthy, "findings": [asdict(f) for f in self.findings],
-                "detection": self.detection.to_json(), "env": self.env.to_json()}
+                "detection": self.detection.to_json(), "env": self.env.to_json(),
+                "nccl_libraries": [l.to_json() for l in self.libs]}
 
 
 def _enables(value: str, item: str) -> bool:
@@ -64,7 +67,30 @@ def _settings_in_play(env: envcheck.EnvCheck) -> dict[str, tuple[str, str]]:
     return out
 
 
-def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]:
+def library_findings(libs: list[ncclib.NcclLibs]) -> list[Finding]:
+    """Per interpreter: which NCCL torch and PyNccl load there, and a version mismatch between them."""
+    out = []
+    for r in libs:
+        check = f"NCCL libraries {r.python}"
+        if r.error:
+            out.append(Finding("info", check, "could not see which libnccl this interpreter loads", r.error))
+            continue
+        mism = r.mismatches()
+        versions = [f"torch {r.torch_lib.version if r.torch_lib else r.torch_nccl or 'none'}"]
+        versions += [f"{who} {lib.version or 'not loaded'}" for who, lib in r.pynccl()]
+        if not mism:
+            out.append(Finding("ok", check, "; ".join(versions)))
+        for m in mism:
+            severity = "warning" if "two NCCLs" in m else "info"
+            out.append(Finding(severity, check, "two NCCL libraries in one server process: " + "; ".join(versions),
+                               m, "point SGLANG_NCCL_SO_PATH / VLLM_NCCL_SO_PATH at torch's libnccl (or unset "
+                               "them) unless the other NCCL is wanted; then check the server's own log with "
+                               "`commdiag explain --log FILE` (NCCL prints its version per process)"))
+    return out
+
+
+def findings(det: detect_mod.Detection, env: envcheck.EnvCheck,
+             libs: list[ncclib.NcclLibs] = ()) -> list[Finding]:
     out: list[Finding] = []
     # 1. did the expected settings arrive in this process
     for v in env.vars:
@@ -131,16 +157,24 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
         if p2pd and p2pd[0] == "1" and t.classification == NVLINK:
             out.append(Finding("warning", "NCCL_P2P_DISABLE vs topology", "NCCL_P2P_DISABLE=1 on an NVLink machine",
                                f"from {p2pd[1]}", "unset NCCL_P2P_DISABLE: it moves traffic off NVLink"))
+        # PCIe pairs under different host bridges: NCCL's default (>= 2.23.4) keeps them off P2P
+        versions = [det.versions.get("nccl")] + [l.version for r in libs for l in r.libs if l.ok]
+        out += [Finding(*a) for a in p2plevel.advice(t, versions, play)]
         lvl = play.get("NCCL_P2P_LEVEL")
         if lvl and t.classification == PCIE_NO_P2P:
             out.append(Finding("info", "NCCL_P2P_LEVEL vs topology", f"NCCL_P2P_LEVEL={lvl[0]} has no effect here",
                                "no GPU pair supports P2P", "leave it unset"))
+    # ACS and IOMMU between the GPUs (pcie.py, pcieadvice.py)
+    if det.pcie is not None:
+        out += [Finding(**r) for r in pcieadvice.records(det.pcie)]
+
     # 4. config files: the environment wins over them, which surprises people
     for name, (value, path) in envcheck.conf_effective(env.conf_files).items():
         got = os.environ.get(name)
         if got is not None and got != value:
             out.append(Finding("info", f"nccl.conf {name}", f"{path} sets {name}={value}, the environment wins",
                                f"this process has {name}={got}"))
+    out += library_findings(list(libs))
     v = det.versions
     out.append(Finding("info", "versions", ", ".join(f"{k} {v[k]}" for k in ("driver", "cuda_driver", "nccl", "torch",
                                                                             "python") if v.get(k))))
@@ -148,10 +182,13 @@ def findings(det: detect_mod.Detection, env: envcheck.EnvCheck) -> list[Finding]
 
 
 def doctor(pythons=(), *, expect: dict | None = None, profile=None, nvml_readings: dict | None = None,
-           with_torch: bool = True, conf_root: str | None = None) -> DoctorReport:
-    det = detect_mod.detect(pythons, nvml_readings=nvml_readings, with_torch=with_torch)
+           with_torch: bool = True, conf_root: str | None = None, sysfs_root: str | None = "/",
+           with_libs: bool = True) -> DoctorReport:
+    det = detect_mod.detect(pythons, nvml_readings=nvml_readings, with_torch=with_torch, sysfs_root=sysfs_root)
     env = envcheck.check_env(expect, profile=profile, conf_root=conf_root)
-    return DoctorReport(findings(det, env), det, env)
+    # the interpreters detect probed; one whose hooks could not be probed is not started again
+    libs = [ncclib.probe(r.python) for r in det.pythons if r.hooks is not None] if with_libs else []
+    return DoctorReport(findings(det, env, libs), det, env, libs)
 
 
 def render(r: DoctorReport) -> str:

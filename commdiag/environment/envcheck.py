@@ -12,9 +12,10 @@ CLI prints):
 - ``check_propagation`` (propagation.py): what arrives in children started the
   ways frameworks do.
 - ``check_nccl``: brings NCCL up under torchrun (one process per visible GPU)
-  with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV and compares what NCCL says it
+  with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=ENV,INIT and compares what NCCL says it
   applied, per rank, with the expectation (``compare_nccl`` is the pure part,
-  tested on recorded logs).  With NCCL_TUNER_PLUGIN set it also logs INIT and
+  tested on recorded logs); the INIT lines give the transport NCCL connected
+  each GPU pair with (``transports``).  With NCCL_TUNER_PLUGIN set it also logs INIT and
   TUNING and proves, per rank, that the plugin loaded and which rule fired for
   which size (``compare_tuner``; a plugin asked for but not loaded fails).
 
@@ -33,7 +34,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..nccl import ncclog, ncclvars, tunerlog
+from ..nccl import ncclog, ncclvars, transports, tunerlog
 from ..errors import EXIT_USAGE, CommdiagError
 from ..metadata import libc_getenv
 
@@ -300,6 +301,7 @@ class NcclCheck:
     log_tail: str = ""
     log: str = ""  # the whole torchrun output (ENV subsystem only: a few lines per rank), kept as evidence
     tuner: dict | None = None  # compare_tuner's result when NCCL_TUNER_PLUGIN was set (format commdiag-tuner-proof)
+    transports: dict | None = None  # the transport per GPU pair from the INIT lines (nccl/transports.py)
 
     @property
     def ok(self) -> bool:
@@ -443,6 +445,8 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
     import subprocess
     import tempfile
 
+    from ..childpython import module_argv
+
     n = nproc or gpu_count()
     if n < 1:
         raise CommdiagError("check-env --nccl needs CUDA GPUs and a CUDA build of torch, and this machine has "
@@ -457,17 +461,19 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
                     "were replaced for this check")
     requested = env.get("NCCL_TUNER_PLUGIN")
     requested = None if requested and requested.lower() == "none" else requested
-    # INIT: the plugin's load and rules lines; TUNING: NCCL's choice per call (check-env times nothing)
-    env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="ENV,INIT,TUNING" if requested else "ENV")
+    # INIT: the connection lines (transport per GPU pair) and the plugin's load and rules lines;
+    # TUNING: NCCL's choice per call (check-env times nothing)
+    env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="ENV,INIT,TUNING" if requested else "ENV,INIT")
     sizes = check_sizes(env)
     env.pop("NCCL_DEBUG_FILE", None)  # the log must come to stdout to be parsed
     with tempfile.TemporaryDirectory(prefix="commdiag-nccl-") as d:
         script = Path(d, "nccl_worker.py")
         script.write_text(_NCCL_WORKER)
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={n}", "--max-restarts=0", str(script), *map(str, sizes)]
+        argv = module_argv("torch.distributed.run", ["--standalone", "--nnodes=1", f"--nproc-per-node={n}",
+                                                     "--max-restarts=0", str(script), *map(str, sizes)])
+        # cwd: a Python child puts its working folder first on its path; this one holds only the worker
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=d)
         try:
             out, _ = proc.communicate(timeout=NCCL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -483,7 +489,8 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
             ranks[int(p)] = int(r)
     return NcclCheck(expected, source, compare_nccl(text, expected, ranks), nccl_conf_files(env, conf_root), note,
                      proc.returncode, "\n".join(text.splitlines()[-20:]) if proc.returncode else "", text,
-                     compare_tuner(text, requested, ranks, sizes, list(ranks)))
+                     compare_tuner(text, requested, ranks, sizes, list(ranks)),
+                     transports.summary_json(transports.parse(text).values()))
 
 
 if __name__ == "__main__":  # pragma: no cover - used as `python -m commdiag.environment.envcheck` for a quick look

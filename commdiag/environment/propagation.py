@@ -8,17 +8,22 @@ mechanism started, one after (the late-change case: a forkserver keeps the
 environment of the moment it started), and one set with os.putenv only (in
 getenv, not in os.environ).  multiprocessing, subprocess and tempfile are imported
 only here, so ``check-env`` without ``--propagation`` stays light.
+
+Every child starts in a private temporary folder (and the spawn and forkserver children while
+this process works in it): a child Python puts its working folder first on its path, and the
+folder commdiag was started from may hold a json.py of someone else's (childpython.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import PACKAGE_PARENT
+from ..childpython import isolated_argv, module_argv
 from .envcheck import describe_expectation, resolve_expectation
 from ..metadata import libc_getenv
 
@@ -107,12 +112,13 @@ _CHILD_CMD = ("import sys, json; sys.path.insert(0, {parent!r}); from commdiag.e
               "print(json.dumps(_observe(sys.argv[1:])))")
 
 
-def _subprocess_path(copy_env: bool, names, late_value: str) -> dict:
+def _subprocess_path(copy_env: bool, names, tmp: Path, late_value: str) -> dict:
     import subprocess
 
     env = os.environ.copy() if copy_env else None  # the framework copies its environment at start-up
     os.environ[LATE_VAR] = late_value
-    cp = subprocess.run([sys.executable, "-c", _CHILD_CMD.format(parent=PACKAGE_PARENT), *names], env=env,
+    # -I: the child imports this commdiag (PACKAGE_PARENT) and the standard library, nothing else
+    cp = subprocess.run(isolated_argv(_CHILD_CMD.format(parent=PACKAGE_PARENT), names), env=env, cwd=tmp,
                         capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
     if cp.returncode != 0:
         raise RuntimeError(f"child exited with {cp.returncode}: {cp.stderr.strip()[-300:]}")
@@ -132,11 +138,11 @@ def _torchrun_paths(names, tmp: Path, late_value: str) -> tuple[dict, dict]:
 
     script = tmp / "torchrun_worker.py"
     script.write_text(_TORCHRUN_SCRIPT.format(parent=PACKAGE_PARENT))
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=1",
-            "--max-restarts=0", str(script), str(tmp), *names]
+    argv = module_argv("torch.distributed.run", ["--standalone", "--nnodes=1", "--nproc-per-node=1",
+                                                 "--max-restarts=0", str(script), str(tmp), *names])
     # env=None: torchrun inherits this process's environment as a shell-started torchrun would.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, cwd=tmp)
     os.environ[LATE_VAR] = late_value  # after the agent started: it cannot reach the agent or its workers
     try:
         out, _ = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
@@ -149,6 +155,21 @@ def _torchrun_paths(names, tmp: Path, late_value: str) -> tuple[dict, dict]:
         raise RuntimeError(f"torchrun exited with {proc.returncode}: {' | '.join(tail)}")
     return (json.loads((tmp / "torchrun-rank0.json").read_text()),
             json.loads((tmp / "grandchild-rank0.json").read_text()))
+
+
+@contextlib.contextmanager
+def _working_folder(path: str):
+    """Work in ``path`` meanwhile: multiprocessing's spawn and forkserver children start with
+    ``python -c`` in this process's working folder, which their path then begins with."""
+    here = os.open(".", getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.chdir(path)
+        yield
+    finally:
+        try:
+            os.fchdir(here)
+        finally:
+            os.close(here)
 
 
 def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use_installed: bool = True,
@@ -183,7 +204,7 @@ def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use
         finally:
             os.environ.pop(LATE_VAR, None)
 
-    with tempfile.TemporaryDirectory(prefix="commdiag-prop-") as d:
+    with tempfile.TemporaryDirectory(prefix="commdiag-prop-") as d, _working_folder(d):
         tmp = Path(d)
         results.append(PathResult("this process", "-", _arrived(_observe(names)["vars"], expected), os.getpid(),
                                   _observe(names)["vars"]))
@@ -195,9 +216,10 @@ def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use
             how = {"fork": "late var set before Process.start()", "spawn": "late var set before Process.start()",
                    "forkserver": "late var set after the fork server started"}[method]
             add(f"multiprocessing {method}", how, lambda late, m=method: _mp_path(m, names, tmp, late))
-        add("subprocess env=None", "late var set before Popen", lambda late: _subprocess_path(False, names, late))
+        add("subprocess env=None", "late var set before Popen",
+            lambda late: _subprocess_path(False, names, tmp, late))
         add("subprocess env=os.environ.copy()", "late var set after the copy was taken",
-            lambda late: _subprocess_path(True, names, late))
+            lambda late: _subprocess_path(True, names, tmp, late))
         if torchrun:
             pair: dict = {}
 

@@ -22,6 +22,11 @@ A second, normal start of the interpreter (``cross_check=True``) reports which
 sitecustomize was really imported; that does run the target's hooks, exactly as
 any start of that interpreter would.  The probe script runs on Python 3.8+.
 
+Both scripts start with childpython's path guard: the folder the probe was started
+from is never on their path, and they import only from the target's standard
+library.  As root, a target whose tree another user can change is refused, or
+with ``allow_user_owned`` started as that user (trust.py), cross-check included.
+
 Known limit: a meta-path finder installed by a .pth ``import`` line (editable
 installs do this) is not installed during the replay, so a sitecustomize that
 only such a finder provides is not seen by the replay; the cross-check sees it.
@@ -35,26 +40,30 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from ..childpython import child_env, guarded
 from ..errors import CommdiagError, brief
+from . import trust
 
 PROBE_TIMEOUT_S = 30.0  # a cold interpreter on a loaded machine starts in well under a second
 _MARK = "COMMDIAG-PYPROBE "
 
-# Runs inside the target interpreter (started with -S).  Python 3.8+ syntax only.
-_PROBE = r'''
-import json, os, sys
+# Runs inside the target interpreter (started with -S).  Python 3.8+ syntax only.  childpython's
+# guard runs first: the modules below come from the target's standard library and nowhere else.
+_PROBE = guarded(r'''
+import json, os
+import importlib.machinery, importlib.util
 out = {"error": None}
 try:
-    if sys.path and sys.path[0] == "":
-        # -c puts the working directory first, after site ran; a real start does not see it then.
-        sys.path.pop(0)
-    out["sys_path_before_site"] = list(sys.path)
     try:
         import site
     except ImportError:
         site = None
+    # The path without the folder: -c puts it first, after site ran; a real start does not see it
+    # then.  From here on nothing is imported: the path is only searched (find_spec).
+    sys.path[:] = _commdiag_path
+    out["sys_path_before_site"] = list(sys.path)
     out["has_site"] = site is not None
     pth_exec = []
     pth_files = []
@@ -123,7 +132,6 @@ try:
         out["user_site_flag"] = False
         out["site_packages"] = []
         out["venv_cfg"] = None
-    import importlib.machinery, importlib.util
     def origin(spec):
         if spec is None:
             return None
@@ -146,10 +154,10 @@ try:
 except Exception as e:
     out["error"] = "%s: %s" % (type(e).__name__, e)
 sys.stdout.write("\n''' + _MARK + r'''" + json.dumps(out) + "\n")
-'''
+''')
 
-_CROSS = (
-    "import sys, json\n"
+_CROSS = guarded(
+    "import json\n"
     "def f(n):\n"
     "    m = sys.modules.get(n)\n"
     "    return getattr(m, '__file__', None) or (repr(m) if m is not None else None)\n"
@@ -188,6 +196,8 @@ class PythonHooks:
     loaded_sitecustomize: str | None = None  # from a normal start (cross-check), None if none or skipped
     loaded_usercustomize: str | None = None
     cross_check: str = "skipped"  # "agrees", "skipped", or what differs
+    # as root, for a tree another user can change (--allow-user-owned): [uid, gid] every start of it uses
+    run_as: list[int] | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -200,12 +210,12 @@ class PythonHooks:
         return any(x in ("-S", "no site module") for x in self.disabled_by)
 
 
-def _run(argv: list[str], env: dict | None, stdin: str | None = None) -> dict:
+def _run(argv: list[str], env: dict | None, stdin: str | None = None, run_as=None) -> dict:
     """Start the target, read its reply; a hostile or broken interpreter costs at most
     PROBE_TIMEOUT_S and OUTPUT_CAP bytes of memory per stream, leaves no process behind (its
     whole process group is killed when it is done or out of time), and ends in one CommdiagError."""
     try:
-        rc, out, err, timed_out = run_bounded(argv, env=env, stdin=stdin)
+        rc, out, err, timed_out = run_bounded(argv, env=env, stdin=stdin, run_as=run_as)
     except FileNotFoundError:
         if os.path.lexists(argv[0]):  # the file is there: its #! interpreter (or loader) is not
             raise CommdiagError(f"{argv[0]}: cannot start: the interpreter named on its #! line "
@@ -234,15 +244,18 @@ def _run(argv: list[str], env: dict | None, stdin: str | None = None) -> dict:
 
 
 def run_bounded(argv: list[str], *, env: dict | None, stdin: str | None = None, cwd: str | None = None,
-                timeout: float | None = None) -> tuple[int | None, bytes, bytes, bool]:
+                timeout: float | None = None, run_as=None) -> tuple[int | None, bytes, bytes, bool]:
     """Run an untrusted interpreter: (exit code, stdout tail, stderr tail, timed out).
 
     In its own session; at most ``timeout`` seconds (default PROBE_TIMEOUT_S) and OUTPUT_CAP
     bytes kept per stream; afterwards its whole process group is killed, so no child it started
-    outlives the call.  OSError from starting it is raised as it is."""
+    outlives the call.  ``run_as`` (trust.RunAs): started as that user, with no other group, in
+    ``cwd`` or ``/``.  OSError from starting it is raised as it is."""
+    drop = run_as.popen() if run_as is not None else {}
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                            start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=cwd if cwd is not None or run_as is None else "/",
+                            start_new_session=True, **drop)
     try:
         out, err, timed_out = _collect(proc, stdin, PROBE_TIMEOUT_S if timeout is None else timeout)
     finally:
@@ -367,21 +380,29 @@ def _disabled_by(flags: list[str], raw: dict) -> list[str]:
 
 
 def probe(python: str | None = None, *, root: str | None = None, flags: list[str] | tuple[str, ...] = (),
-          env: dict | None = None, cross_check: bool = True) -> PythonHooks:
+          env: dict | None = None, cross_check: bool = True, allow_user_owned: bool = False) -> PythonHooks:
     """Probe ``python`` (default: this interpreter) without running its hooks.
 
     ``flags``: interpreter flags the target is started with (e.g. ``["-I"]``), so
     the answer is for that start.  ``env``: the environment the target starts
     with (default: this process's).  ``root``: a staged filesystem root; an
-    absolute ``python`` is looked up under it (tests).
+    absolute ``python`` is looked up under it (tests).  As root, an interpreter
+    whose tree another user can change is refused, or with ``allow_user_owned``
+    started as that user (trust.py; ``PythonHooks.run_as`` then says whom).
     """
     exe = python or sys.executable
     if root is not None and os.path.isabs(exe):
         exe = os.path.join(root, exe.lstrip("/"))
     flags = list(flags)
+    env = child_env(env)
+    run_as = None
+    if os.geteuid() == 0:
+        exe = trust.absolute(exe)
+        before = trust.interpreter_findings(exe)
+        run_as = trust.decide(before, exe, allow_user_owned)
     # -S stays in the user's flags list for reporting; the probe itself always needs it.
     probe_flags = [f for f in flags if f != "-S"]
-    raw = _run([exe, *probe_flags, "-S", "-c", _PROBE], env)
+    raw = _run([exe, *probe_flags, "-S", "-c", _PROBE], env, run_as=run_as)
     if raw.get("error"):
         raise CommdiagError(f"{exe}: probe failed inside the interpreter: {_clip(str(raw['error']))}")
     _check_reply(raw, exe)
@@ -394,25 +415,8 @@ def probe(python: str | None = None, *, root: str | None = None, flags: list[str
     shadowed = [p for p in raw["all_sitecustomize"] if p != raw["sitecustomize"]]
     shadowed_user = [p for p in raw["all_usercustomize"] if p != raw["usercustomize"]]
 
-    loaded_s = loaded_u = None
-    verdict = "skipped"
-    if cross_check:
-        try:
-            real = _run([exe, *flags, "-c", _CROSS], env)
-            loaded_s, loaded_u = (v if isinstance(v, str) else None
-                                  for v in (real.get("sitecustomize"), real.get("usercustomize")))
-            diffs = []
-            if not _same(loaded_s, sitecustomize):
-                diffs.append(f"sitecustomize: probe says {sitecustomize}, a normal start imported {loaded_s}"
-                             + (" (it may have raised on import)" if loaded_s is None else ""))
-            if not _same(loaded_u, usercustomize):
-                diffs.append(f"usercustomize: probe says {usercustomize}, a normal start imported {loaded_u}")
-            verdict = "; ".join(diffs) if diffs else "agrees"
-        except CommdiagError as e:
-            verdict = f"normal start failed: {e}"
-
-    return PythonHooks(
-        executable=raw["executable"] or exe,
+    hooks = PythonHooks(
+        executable=raw["executable"] if run_as is None and raw["executable"] else exe,
         version=raw["version"],
         prefix=raw["prefix"],
         base_prefix=raw["base_prefix"],
@@ -433,10 +437,32 @@ def probe(python: str | None = None, *, root: str | None = None, flags: list[str
         pth_reads={p: raw["pth_files"].count(p) for p in _unique(raw["pth_files"])} if not site_off else {},
         flags=flags,
         venv_cfg=raw.get("venv_cfg"),
-        loaded_sitecustomize=loaded_s,
-        loaded_usercustomize=loaded_u,
-        cross_check=verdict,
     )
+    if os.geteuid() == 0:
+        # what a normal start runs, now that the probe named it; the later starts run as decided here
+        run_as = trust.decide(before + trust.hooks_findings(hooks), exe, allow_user_owned)
+        if run_as is not None:
+            trust.check_prefix(hooks, exe)
+            hooks = replace(hooks, run_as=[run_as.uid, run_as.gid])
+
+    loaded_s = loaded_u = None
+    verdict = "skipped"
+    if cross_check:
+        try:
+            real = _run([exe, *flags, "-c", _CROSS], env, run_as=run_as)
+            loaded_s, loaded_u = (v if isinstance(v, str) else None
+                                  for v in (real.get("sitecustomize"), real.get("usercustomize")))
+            diffs = []
+            if not _same(loaded_s, sitecustomize):
+                diffs.append(f"sitecustomize: probe says {sitecustomize}, a normal start imported {loaded_s}"
+                             + (" (it may have raised on import)" if loaded_s is None else ""))
+            if not _same(loaded_u, usercustomize):
+                diffs.append(f"usercustomize: probe says {usercustomize}, a normal start imported {loaded_u}")
+            verdict = "; ".join(diffs) if diffs else "agrees"
+        except CommdiagError as e:
+            verdict = f"normal start failed: {e}"
+
+    return replace(hooks, loaded_sitecustomize=loaded_s, loaded_usercustomize=loaded_u, cross_check=verdict)
 
 
 def _unique(items) -> list:

@@ -40,6 +40,14 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
        {line, applied, algo, proto, channels, reg_buff}}, ``counts``, ``problems``); such a
        launch is ``failed`` unless every rank shows the plugin loaded (docs/tuner.md, 'Proof').
        ``explain.configs.NAME.tuner`` likewise (measure/explain.py).
+    4  the machine during each launch (measure/machinestate.py): run.json gains
+       ``machine_state`` (once per run: ``available``, and either ``reason`` why nothing is
+       read, e.g. a gloo run or no NVML, or the GPUs read with their static facts; ``stopped``
+       if NVML stopped answering mid-run), and every launch that ran ``machine``: ``{available:
+       false}``, or per GPU the readings before and after it, the range under load while it
+       ran, counter deltas (PCIe replays and recoveries, energy, throttled time), and the other
+       compute processes seen.  Version 1-3 folders are still read; their launches have no
+       ``machine`` and their confounders are "not recorded".
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ from ..atomic import write_json, write_text
 from ..errors import CommdiagError, brief
 
 RUN_FORMAT = "commdiag-run"
-RUN_FORMAT_VERSION = 3
+RUN_FORMAT_VERSION = 4  # 4: machine_state, launches[].machine (history above)
 
 SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
                    "enqueue_us"]

@@ -247,14 +247,16 @@ def _clip(text: str, limit: int = 600) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
 
 
-def apply_override(raw: dict, item: str, path: Path | str = "--set") -> None:
-    """``--set trials=5`` or ``--set base_env.NCCL_DEBUG=WARN``; the value is parsed as YAML."""
+def apply_override(raw: dict, item: str, path: Path | str = "--set", keys=None) -> None:
+    """``--set trials=5`` or ``--set base_env.NCCL_DEBUG=WARN``; the value is parsed as YAML.
+    ``keys``: the top-level keys allowed (default: the sweep spec's)."""
+    keys = _TOP_KEYS if keys is None else keys
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise SpecError("--set", item, "expected KEY=VALUE (e.g. --set trials=5)")
     parts = key.split(".")
-    if parts[0] not in _TOP_KEYS:
-        raise SpecError("--set", key, f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
+    if parts[0] not in keys:
+        raise SpecError("--set", key, f"unknown key (allowed: {', '.join(keys)})")
     target = raw
     for p in parts[:-1]:
         if target.get(p) is None:  # absent, or an empty ``configs:`` (YAML null)
@@ -600,7 +602,7 @@ MAX_CONFIRM_ROUNDS = 200
 
 def _resolve_confirm(path, confirm: dict | None, configs) -> tuple[tuple[str, ...], int | None]:
     """``confirm: {configs: [seed], rounds: 8}``: configs stage 2 answers either way, and a fixed
-    number of confirmation rounds (default: the fewest that can certify, at least 6)."""
+    number of confirmation rounds (default: the fewest at which the paired test can certify every claim)."""
     if not confirm:
         return (), None
     for key in confirm:

@@ -32,6 +32,7 @@ import os
 import posixpath
 import pwd
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,6 +41,7 @@ from .. import __version__
 from . import hookplan, hookstate, hooktext, hooktuner, systemd
 from ..nccl import ncclvars
 from ..formats import profile as profile_mod
+from ..environment import trust
 from ..errors import CommdiagError
 from .hookcheck import Verification, probe_target, render_status, status, verify_python  # noqa: F401 (the API)
 from .hookplan import BLOCK, OWNED, Desired, Plan, Target
@@ -82,9 +84,10 @@ def _no_winner_reason(run_dir: Path) -> str:
     return why
 
 
-def prepare_tuner(path: str | Path, root: str | None = None) -> hooktuner.TunerFiles:
-    """``--tuner PATH``: the rules read and checked, the plugin compiled, before anything changes."""
-    return hooktuner.prepare(path, Roots(root).shown(hookstate.state_dir(Roots(root))))
+def prepare_tuner(path: str | Path, root: str | None = None, cc: str | None = None) -> hooktuner.TunerFiles:
+    """``--tuner PATH``: the rules read and checked, the plugin compiled (``cc``: ``--cc``), before
+    anything changes."""
+    return hooktuner.prepare(path, Roots(root).shown(hookstate.state_dir(Roots(root))), cc)
 
 
 def resolve_settings(from_dir: str | None = None, profile: str | None = None, sets=(), *,
@@ -149,6 +152,7 @@ class Request:
     force: bool = False
     root: str | None = None
     tuner: hooktuner.TunerFiles | None = None  # --tuner: its files; its variables are in settings
+    allow_user_owned: bool = False  # as root: start a target another user can change as that user
 
 
 # --------------------------------------------------------------------------- the Python target
@@ -338,7 +342,7 @@ class InstallResult:
 
     @property
     def ok(self) -> bool:
-        return all(v.ok for v in self.verification)
+        return all(v.ok for v in self.verification) and not self.plan.refused
 
     def to_json(self) -> dict:
         return {"format": "commdiag-install-hook", "version": 1, "action": self.plan.action,
@@ -347,6 +351,7 @@ class InstallResult:
                              "after": c.after.kind, "sha256": c.after.sha256} for c in self.plan.changes],
                 "mkdirs": list(self.plan.mkdirs), "rmdirs": list(self.plan.rmdirs),
                 "notes": list(self.plan.notes), "warnings": list(self.warnings) + list(self.plan.warnings),
+                "refused": list(self.plan.refused),
                 "commands": list(self.plan.commands),
                 "verification": [{"ok": v.ok, "detail": v.detail, "seen": v.seen} for v in self.verification]}
 
@@ -375,43 +380,72 @@ def _targets(req: Request, roots: Roots, hooks, meta: dict) -> list[Target]:
     return targets
 
 
+def _real(targets: list[Target], roots: Roots) -> list[Target]:
+    """The targets with their directories' links resolved: what apply walks, link-free."""
+    return [replace(t, desired=tuple(replace(d, path=roots.real(d.path),
+                                             import_dir=roots.real_dir(d.import_dir) if d.import_dir else None)
+                                     for d in t.desired)) for t in targets]
+
+
+def _inside_prefix(targets: list[Target], hooks) -> None:
+    """An interpreter started as another user (--allow-user-owned) says where its site-packages
+    is: root writes for it only inside its own prefix (trust.check_prefix held that against
+    where it lives), after every link is resolved."""
+    if hooks is None or not hooks.run_as:
+        return
+    for t in targets:
+        if t.kind != "python":
+            continue
+        for d in t.desired:
+            for p in (d.path, *([d.import_dir] if d.import_dir else [])):
+                if not trust.inside(p, hooks.prefix):
+                    raise CommdiagError(f"{d.shown}: resolves to {os.path.realpath(p)}, outside {hooks.prefix}, "
+                                        f"the prefix of {hooks.executable}; started as uid {hooks.run_as[0]}, "
+                                        "it is written for only inside its own tree")
+
+
 def _plan(req: Request, roots: Roots, hooks, sdir: str) -> tuple[list[Target], Plan]:
     """The install plan against the manifest and the files as they are now."""
     records = {r["key"]: r for r in hookstate.load_manifest(sdir, roots)["installs"]}
     meta = _meta(req.settings, req.python, req.root)
-    targets = _targets(req, roots, hooks, meta)
+    targets = _real(_targets(req, roots, hooks, meta), roots)
+    _inside_prefix(targets, hooks)
     same = [records.get(t.key) for t in targets]
     if all(r is not None and r.get("settings") == t.info.get("settings") and r.get("source") == req.settings.source
            and r.get("override", req.override) == req.override and r.get("method") == t.method
            for r, t in zip(same, targets)):
         # The same install again: keep its date, so that the files are byte-identical and nothing changes.
         meta["installed"] = min(r["installed"] for r in same)
-        targets = _targets(req, roots, hooks, meta)
-    plan = hookplan.plan_install(targets, _survey(targets, records), records, force=req.force, meta=meta)
-    return targets, _drop_unused_tuners(plan, records)
+        targets = _real(_targets(req, roots, hooks, meta), roots)
+    plan = hookplan.plan_install(targets, _survey(targets, records, roots), records, force=req.force, meta=meta)
+    return targets, _drop_unused_tuners(plan, records, roots)
 
 
-def _drop_unused_tuners(plan: Plan, records: dict[str, dict]) -> Plan:
+def _drop_unused_tuners(plan: Plan, records: dict[str, dict], roots: Roots) -> Plan:
     """An install that no longer names an earlier ``--tuner``'s files also removes them (exactly)."""
     new_keys = {r["key"] for r in plan.records}
     after = [r for k, r in records.items() if k not in new_keys] + list(plan.records)
     unused = hooktuner.unused_records(after)
     if not unused:
         return plan
-    undo = _plan_uninstall(unused, force=False)
+    undo = _plan_uninstall(unused, force=False, roots=roots, others=[r for r in after if r not in unused])
     return replace(plan, changes=plan.changes + undo.changes, rmdirs=undo.rmdirs,
                    drop_keys=plan.drop_keys + undo.drop_keys, notes=plan.notes + tuple(
                        f"{r['target']}: the tuner files are no longer named by any install; removed" for r in unused),
-                   warnings=plan.warnings + undo.warnings)
+                   warnings=plan.warnings + undo.warnings, refused=plan.refused + undo.refused,
+                   records=plan.records + undo.records)
 
 
-def _plan_uninstall(chosen: list[dict], *, force: bool) -> Plan:
+def _plan_uninstall(chosen: list[dict], *, force: bool, roots: Roots, others: list[dict] = ()) -> Plan:
+    """The undo of ``chosen`` (``others``: the installs that stay, whose files are left to them)."""
     paths = [f["path"] for r in chosen for f in r["files"]]
     bytecode = [f["import_dir"] for r in chosen for f in r["files"] if f.get("import_dir")]
-    return hookplan.plan_uninstall(chosen, hookstate.snapshot(paths, bytecode), force=force)
+    trusted = frozenset({0, os.geteuid()})  # whose directories no one else can have swapped
+    return hookplan.plan_uninstall(chosen, hookstate.snapshot(paths, bytecode, roots), force=force,
+                                   others=list(others), trusted_uids=trusted)
 
 
-def _survey(targets: list[Target], records: dict[str, dict]) -> dict:
+def _survey(targets: list[Target], records: dict[str, dict], roots: Roots) -> dict:
     paths = [d.path for t in targets for d in t.desired]
     bytecode = [d.import_dir for t in targets for d in t.desired if d.import_dir]
     for t in targets:
@@ -419,7 +453,7 @@ def _survey(targets: list[Target], records: dict[str, dict]) -> dict:
             paths.append(f["path"])
             if f.get("import_dir"):
                 bytecode.append(f["import_dir"])
-    return hookstate.snapshot(paths, bytecode)
+    return hookstate.snapshot(paths, bytecode, roots)
 
 
 def render_plan(plan: Plan) -> str:
@@ -452,20 +486,20 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
     roots = Roots(req.root)
     if req.method not in METHODS:
         raise CommdiagError(f"--method: {req.method!r} is not one of {', '.join(METHODS)}")
-    hooks = probe_target(req.python) if req.method != "none" else None
+    hooks = probe_target(req.python, allow_user_owned=req.allow_user_owned) if req.method != "none" else None
     sdir = hookstate.state_dir(roots)
     if dry_run:
         targets, plan = _plan(req, roots, hooks, sdir)
         return InstallResult(plan, True, sdir, render_plan(plan), warnings=req.settings.warnings)
-    with hookstate.locked(sdir) as state_created:
+    with hookstate.locked(sdir, roots) as state_created:
         committed = Plan("install", (), (), (), (), ())  # on any error: no record (apply rolled back)
         try:
             targets, plan = _plan(req, roots, hooks, sdir)
-            created = hookstate.apply(plan, roots)
-            committed = plan = _with_created_dirs(plan, created)
+            created, ids = hookstate.apply(plan, roots)
+            committed = plan = _with_dir_ids(_with_created_dirs(plan, created), ids)
         finally:
             # Also removes a lock and state directories this call created when nothing is installed.
-            hookstate.commit_records(sdir, committed, state_created)
+            hookstate.commit_records(sdir, committed, state_created, roots)
     checks: list[Verification] = []
     if verify and hooks is not None:
         py = next(t for t in targets if t.kind == "python")
@@ -473,8 +507,23 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
             checks.append(Verification(True, f"not started: the hook was staged under --root {req.root}, "
                                              "which the interpreter does not read"))
         else:
-            checks.append(verify_python(hooks.executable, req.settings.values, override=req.override))
+            checks.append(verify_python(hooks.executable, req.settings.values, override=req.override,
+                                        run_as=hooks.run_as))
     return InstallResult(plan, False, sdir, render_plan(plan), tuple(checks), req.settings.warnings)
+
+
+def _with_dir_ids(plan: Plan, ids: dict[str, list[int]]) -> Plan:
+    """Record the identity of the directories apply created and wrote in (the plan has those of
+    directories that existed when it was made)."""
+    def entry(f: dict) -> dict:
+        f = dict(f)
+        if f.get("dir_id") is None:
+            f["dir_id"] = ids.get(posixpath.dirname(f["path"]))
+        if f.get("import_dir") and f.get("import_dir_id") is None:
+            f["import_dir_id"] = ids.get(f["import_dir"])
+        return f
+
+    return replace(plan, records=tuple({**r, "files": [entry(f) for f in r["files"]]} for r in plan.records))
 
 
 def _with_created_dirs(plan: Plan, created: list[str]) -> Plan:
@@ -494,13 +543,14 @@ def _select(manifest: dict, *, keys: set[str] | None) -> list[dict]:
             if keys is None or r["key"] in keys or f"target:{r.get('target')}" in keys]
 
 
-def _keys(python: str | None, method: str, unit: str | None, conf: str | None) -> set[str]:
+def _keys(python: str | None, method: str, unit: str | None, conf: str | None,
+          allow_user_owned: bool = False) -> set[str]:
     keys = set()
     if method != "none":
         exe = python or sys.executable
         keys.add(f"target:{exe}")  # the interpreter may be gone (a deleted venv): match the recorded path too
         try:
-            keys.add("python:" + probe_target(python).prefix)
+            keys.add("python:" + probe_target(python, allow_user_owned=allow_user_owned).prefix)
         except CommdiagError:
             pass
     if unit:
@@ -512,11 +562,11 @@ def _keys(python: str | None, method: str, unit: str | None, conf: str | None) -
 
 def uninstall(*, python: str | None = None, method: str = "auto", systemd_unit: str | None = None,
               nccl_conf: str | None = None, all_installs: bool = False, root: str | None = None,
-              force: bool = False, dry_run: bool = False) -> InstallResult:
+              force: bool = False, dry_run: bool = False, allow_user_owned: bool = False) -> InstallResult:
     """Put back every file of the selected installs exactly as it was (bytes, mode, owner, symlinks)."""
     roots = Roots(root)
     sdir = hookstate.state_dir(roots)
-    keys = None if all_installs else _keys(python, method, systemd_unit, nccl_conf)
+    keys = None if all_installs else _keys(python, method, systemd_unit, nccl_conf, allow_user_owned)
 
     def make(manifest):
         chosen = _select(manifest, keys=keys)
@@ -526,17 +576,18 @@ def uninstall(*, python: str | None = None, method: str = "auto", systemd_unit: 
                                 + ("" if keys is None else " (--all removes every recorded install)"))
         # --tuner's files go with the last install that names them
         chosen += [r for r in hooktuner.unused_records([r for r in manifest["installs"] if r not in chosen])]
-        return _plan_uninstall(chosen, force=force)
+        return _plan_uninstall(chosen, force=force, roots=roots,
+                               others=[r for r in manifest["installs"] if r not in chosen])
 
     if dry_run:
         plan = make(hookstate.load_manifest(sdir, roots))
         return InstallResult(plan, True, sdir, render_plan(plan))
     if not os.path.exists(os.path.join(sdir, hookstate.MANIFEST_NAME)):
         raise CommdiagError(f"no commdiag install recorded in {sdir}")
-    with hookstate.locked(sdir) as state_created:
+    with hookstate.locked(sdir, roots) as state_created:
         plan = make(hookstate.load_manifest(sdir, roots))
         hookstate.apply(plan, roots)
-        hookstate.commit_records(sdir, plan, state_created)
+        hookstate.commit_records(sdir, plan, state_created, roots)
     return InstallResult(plan, False, sdir, render_plan(plan))
 
 
@@ -548,6 +599,12 @@ def render_install(res: InstallResult) -> str:
     lines = [f"{head[(res.plan.action, res.dry_run)]}; manifest: {res.state_dir}"]
     lines += [f"  why: {n}" for n in res.plan.notes]
     lines += [f"  warning: {w}" for w in (*res.warnings, *res.plan.warnings)]
+    for w in res.plan.refused:  # wrapped at 100 columns, word by word (a path is never split)
+        lines += textwrap.wrap(f"  refused: {w}", 100, subsequent_indent="    ", break_long_words=False,
+                               break_on_hyphens=False)
+    if res.plan.refused:
+        lines += ["  the manifest keeps what was refused: put the directory back (or remove it),",
+                  "  then run --uninstall again"]
     if res.dry_run:
         lines.append(res.diff)
     else:

@@ -7,7 +7,9 @@ a multiprocessing spawn child can re-import it), and report one JSON line.
 probes the target (pyprobe.py) and starts it fresh, with the flags a service
 uses (``--python-flag -S``), to say whether the hook loads and, if not, why;
 that process also runs check-env (envcheck.py, imported from this commdiag
-checkout, so the target needs nothing installed).
+checkout, so the target needs nothing installed).  A target the probe decided to
+start as its owner (root, ``--allow-user-owned``; ``PythonHooks.run_as``) is
+started so here too, with the script's folder readable but not writable by it.
 """
 
 from __future__ import annotations
@@ -19,19 +21,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import PACKAGE_PARENT
+from ..childpython import child_env
 from . import hookplan, hookstate
 from ..formats import profile as profile_mod
 from ..errors import CommdiagError
 from .hookstate import Roots
+from ..environment import trust
 from ..environment.pyprobe import run_bounded
 
 VERIFY_TIMEOUT_S = 60.0  # a cold interpreter plus one spawn child: ~1 s; generous for a loaded machine
 
 
-def probe_target(python: str | None, flags=()):
+def probe_target(python: str | None, flags=(), allow_user_owned: bool = False):
     from ..environment import pyprobe
 
-    return pyprobe.probe(python, flags=list(flags), cross_check=False)
+    return pyprobe.probe(python, flags=list(flags), cross_check=False, allow_user_owned=allow_user_owned)
+
+
+def _run_as(hooks_run_as) -> trust.RunAs | None:
+    return trust.RunAs(*hooks_run_as, "its tree is another user's") if hooks_run_as else None
 
 
 @dataclass(frozen=True)
@@ -77,14 +85,18 @@ if __name__ == "__main__":
 '''
 
 
-def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=()) -> dict:
-    """Run ``script`` (a file, so that spawn children can re-import it) in a fresh ``python``."""
+def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=(), run_as=None) -> dict:
+    """Run ``script`` (a file, so that spawn children can re-import it) in a fresh ``python``
+    (``run_as``: as that user, who may read but not change the script or its folder)."""
     with tempfile.TemporaryDirectory(prefix="commdiag-verify-") as tmp:
         path = os.path.join(tmp, "commdiag_verify.py")
         Path(path).write_text(script)
+        if run_as is not None:
+            os.chmod(tmp, 0o755)
+            os.chmod(path, 0o644)
         try:  # bounded: time, output kept, and no process of it left behind
             rc, out, err, timed_out = run_bounded([python, *flags, path, *args], env=env, cwd=tmp,
-                                                  timeout=VERIFY_TIMEOUT_S)
+                                                  timeout=VERIFY_TIMEOUT_S, run_as=run_as)
         except OSError as e:
             return {"error": f"{python} did not run: {e.strerror or e}"}
     if timed_out:
@@ -107,15 +119,17 @@ def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=())
 def _fresh_env(names) -> dict:
     # The managed names are removed so that what arrives comes from the hook, not from this shell;
     # no bytecode is written into the target's site-packages by this check.
-    env = {k: v for k, v in os.environ.items() if k not in names}
+    env = {k: v for k, v in child_env().items() if k not in names}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
-def verify_python(python: str, settings: dict[str, str], *, override: bool = False) -> Verification:
-    """Start ``python`` fresh and a spawn child of it; do the values arrive (os.environ and getenv)?"""
+def verify_python(python: str, settings: dict[str, str], *, override: bool = False,
+                  run_as: list[int] | None = None) -> Verification:
+    """Start ``python`` fresh and a spawn child of it; do the values arrive (os.environ and getenv)?
+    (``run_as``: the probe's ``PythonHooks.run_as``, [uid, gid] to start it as.)"""
     names = list(settings)
-    seen = run_fresh(python, _VERIFY, [json.dumps(names)], env=_fresh_env(names))
+    seen = run_fresh(python, _VERIFY, [json.dumps(names)], env=_fresh_env(names), run_as=_run_as(run_as))
     if "error" in seen:
         return Verification(False, seen["error"])
     bad = []
@@ -129,7 +143,8 @@ def verify_python(python: str, settings: dict[str, str], *, override: bool = Fal
                 bad.append(f"{proc}: {n} is {got[n]['environ']!r} (getenv {got[n]['getenv']!r}), expected {v!r}")
     if bad:
         return Verification(False, f"a fresh {python} does NOT get the settings: " + "; ".join(bad), seen)
-    return Verification(True, f"a fresh {python} and a spawn child of it see all {len(names)} settings "
+    who = f" (started as uid {run_as[0]})" if run_as else ""
+    return Verification(True, f"a fresh {python}{who} and a spawn child of it see all {len(names)} settings "
                               "(os.environ and getenv)", seen)
 
 
@@ -199,14 +214,16 @@ if __name__ == "__main__":
 '''
 
 
-def _file_states(record: dict) -> tuple[FileStatus, ...]:
+def _file_states(record: dict, roots: Roots) -> tuple[FileStatus, ...]:
     out = []
     for f in record["files"]:
         if f["role"] == hookplan.CACHE:
             continue
-        cur = hookstate.read_state(f["path"])
+        cur = hookstate.read_state(f["path"], roots)
         if cur.kind == hookplan.ABSENT:
             state = "missing"
+        elif cur.kind == hookplan.BLOCKED:
+            state = "its directory is a symbolic link now"
         elif hookplan._unchanged_since(cur, f):
             state = "as installed"
         else:
@@ -263,17 +280,17 @@ def _compare_profile(record: dict, expected: dict | None) -> tuple[bool | None, 
 
 
 def status(*, python: str | None = None, flags=(), root: str | None = None,
-           expected: dict[str, str] | None = None) -> StatusResult:
+           expected: dict[str, str] | None = None, allow_user_owned: bool = False) -> StatusResult:
     """What commdiag installed where, whether it matches, whether the target will load it now."""
     roots = Roots(root)
     dirs = [hookstate.state_dir(roots)]
     if root is None and os.geteuid() != 0 and os.path.isdir("/var/lib/commdiag"):
         dirs.append("/var/lib/commdiag")
     records = [r for d in dirs for r in hookstate.load_manifest(d, roots)["installs"]]
-    hooks = probe_target(python, flags)
+    hooks = probe_target(python, flags, allow_user_owned)
     out = []
     for r in records:
-        files = _file_states(r)
+        files = _file_states(r, roots)
         match, detail = _compare_profile(r, expected)
         loads, why, check = None, [], None
         if r["kind"] == "python" and r.get("prefix") == hooks.prefix:
@@ -282,7 +299,8 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
             else:
                 fresh = run_fresh(hooks.executable, _STATUS,
                                   [json.dumps(list(r["settings"])), PACKAGE_PARENT, json.dumps(r["settings"])],
-                                  env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, flags=flags)
+                                  env=child_env(PYTHONDONTWRITEBYTECODE="1"), flags=flags,
+                                  run_as=_run_as(hooks.run_as))
                 if "error" in fresh:
                     loads, why = False, [fresh["error"]]
                 else:

@@ -19,6 +19,13 @@ Files have one of two roles:
 Reinstalling over an earlier install of the same target keeps the earlier
 install's record of the original state, so one ``--uninstall`` always returns to
 what was there before commdiag first touched the file.
+
+Every file entry records the identity ``(st_dev, st_ino)`` of the directory it was
+written in (and of the directory its module is imported from).  Uninstall changes a
+file only in that very directory: a directory that became a symbolic link, or another
+directory, since is refused, and the entry is kept.  Bytecode is never recorded or
+put back: a stale ``.pyc`` of a module commdiag changes is removed, and Python makes a
+new one.
 """
 
 from __future__ import annotations
@@ -32,9 +39,11 @@ from . import hooktext
 from ..errors import CommdiagError
 
 ABSENT, FILE, SYMLINK, DIR, OTHER = "absent", "file", "symlink", "dir", "other"
+BLOCKED = "blocked"  # a survey's answer only: the path is reached through a link or a non-directory
 FILE_MODE = 0o644  # what commdiag writes: readable by the service user, writable by root only
 DIR_MODE = 0o755
-OWNED, BLOCK, CACHE = "owned", "block", "cache"  # CACHE: stale bytecode of a module commdiag changed
+OWNED, BLOCK = "owned", "block"
+CACHE = "cache"  # manifest version 1 only: a recorded .pyc (never put back any more)
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,12 @@ class FileState:
     gid: int | None = None
     mtime_ns: int | None = None
     link: str | None = None
+    dev: int | None = None  # a directory's identity, with ino (surveys only; not in the manifest)
+    ino: int | None = None
+
+    @property
+    def identity(self) -> list[int] | None:
+        return [self.dev, self.ino] if self.kind == DIR and self.ino is not None else None
 
     @property
     def sha256(self) -> str | None:
@@ -135,6 +150,7 @@ class Change:
     before: FileState
     after: FileState
     why: str
+    dir_id: list[int] | None = None  # the directory (dev, ino) the change must be made in; None: new
 
 
 @dataclass(frozen=True)
@@ -148,6 +164,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()  # files left alone for safety; their entries stay in the manifest
 
     @property
     def empty(self) -> bool:
@@ -180,6 +197,18 @@ def _unchanged_since(cur: FileState, f: dict) -> bool:
     return True
 
 
+def _dir_id(snapshot: dict[str, FileState], d: str | None) -> list[int] | None:
+    """The surveyed identity of directory ``d`` (None: it does not exist, or is no directory)."""
+    return snapshot.get(d, FileState(ABSENT)).identity if d else None
+
+
+def _same_dir(f: dict, snapshot: dict[str, FileState]) -> bool:
+    """Is the directory of manifest entry ``f`` still the one it was written in?  (An entry of
+    manifest version 1 has no identity: accepted here, judged by uninstall's ownership rule.)"""
+    recorded = f.get("dir_id")
+    return recorded is None or recorded == _dir_id(snapshot, posixpath.dirname(f["path"]))
+
+
 def plan_install(targets: list[Target], snapshot: dict[str, FileState], records: dict[str, dict],
                  *, force: bool, meta: dict) -> Plan:
     """Changes that bring every target's files to their desired text, and the new records.
@@ -194,21 +223,29 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
     commands: list[str] = []
     mkdirs: list[str] = []
     for t in targets:
-        old = _record_files(records.get(t.key))
+        old = {p: f for p, f in _record_files(records.get(t.key)).items() if f["role"] != CACHE}
         files: list[dict] = []
         wanted = {d.path for d in t.desired}
         for d in t.desired:
             cur = snapshot.get(d.path, FileState(ABSENT))
+            if cur.kind == BLOCKED:
+                raise CommdiagError(f"{d.shown}: its directory is reached through a symbolic link or a "
+                                    "non-directory now; commdiag will not write there")
             if cur.kind not in (ABSENT, FILE, SYMLINK) or (cur.kind == SYMLINK and d.role == BLOCK):
                 what = {SYMLINK: "a symbolic link", DIR: "a directory", OTHER: "a device, FIFO or socket"}.get(
                     cur.kind, cur.kind)
                 raise CommdiagError(f"{d.shown}: is {what}, not a regular file; commdiag will not write there")
             prev = old.get(d.path)
+            if prev is not None and not _same_dir(prev, snapshot):
+                notes.append(f"{d.shown}: its directory is not the one of the last install; installing afresh")
+                prev = None
             if prev is not None and _unchanged_since(cur, prev):
-                original = FileState.from_json(prev["before"])
-                base = original
+                before = prev["before"]  # as recorded: what was there before commdiag first came
+                base = FileState.from_json(before)
+                if base.kind == FILE and base.data is None:
+                    base = cur  # its saved copy is unreadable: the file as it is (the block is replaced)
             else:
-                original = cur
+                before = cur.to_json()
                 base = cur
                 if prev is not None and d.role == BLOCK:
                     notes.append(f"{d.shown}: changed since commdiag's last install; the changes are kept")
@@ -221,7 +258,7 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
                     warnings.append(f"{d.shown}: replacing a file that is not commdiag's (--force); saved for --uninstall")
                 elif base.kind != ABSENT and prev is None:
                     # commdiag's own file without a manifest entry (manifest lost): uninstall removes it.
-                    original = FileState(ABSENT)
+                    before = FileState(ABSENT).to_json()
                 after = new_file(d.text, d.mode)
             else:
                 base_text = base.text() if base.kind == FILE else ""
@@ -229,33 +266,30 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
                                  like=base if base.kind == FILE else None)
                 if cur.kind == FILE:  # keep the owner of the file being edited
                     after = replace(after, uid=cur.uid, gid=cur.gid)
+            if d.path.endswith(".py"):
+                check_compiles(after.data, d.shown, d.text if isinstance(d.text, str) else None)
             why = {OWNED: "commdiag's file", BLOCK: "commdiag block"}[d.role]
+            parent_id = _dir_id(snapshot, posixpath.dirname(d.path))
             if not cur.same(after):
-                changes.append(Change(d.path, d.shown, cur, after, why))
+                changes.append(Change(d.path, d.shown, cur, after, why, parent_id))
             entry = {"path": d.path, "shown": d.shown, "role": d.role, "import_dir": d.import_dir,
-                     "module": d.module, "before": original.to_json(), "installed": _installed(after)}
+                     "module": d.module, "before": before, "installed": _installed(after),
+                     "dir_id": parent_id}
             if d.import_dir:
+                entry["import_dir_id"] = _dir_id(snapshot, d.import_dir)
                 # no __pycache__ before commdiag's first install: Python made it for commdiag's module,
                 # so uninstall removes it again when it is empty
                 cache = snapshot.get(posixpath.join(d.import_dir, "__pycache__"))
                 entry["pycache_absent"] = (prev.get("pycache_absent", False) if prev is not None
                                            else cache is not None and cache.kind == ABSENT)
             files.append(entry)
-            if d.import_dir and d.module:
+            if d.import_dir and d.module and not cur.same(after):
                 # Stale bytecode: the import system trusts a .pyc whose recorded source mtime and
-                # size match; an edit within the same second of equal size would be missed.
-                # A .pyc commdiag removes is recorded, so --uninstall puts it back with the source.
-                old_cache = {p: f for p, f in old.items() if f["role"] == CACHE and f.get("module") == d.module}
-                for pyc in sorted(set(bytecode_paths(snapshot, d.import_dir, d.module)) | set(old_cache)):
-                    now = snapshot.get(pyc, FileState(ABSENT))
-                    if pyc not in old_cache and cur.same(after):
-                        continue  # bytecode of the unchanged source: valid, left alone
-                    original_pyc = FileState.from_json(old_cache[pyc]["before"]) if pyc in old_cache else now
-                    if now.kind != ABSENT and not cur.same(after):
-                        changes.append(Change(pyc, pyc, now, FileState(ABSENT), "stale bytecode"))
-                    files.append({"path": pyc, "shown": pyc, "role": CACHE, "module": d.module,
-                                  "before": original_pyc.to_json(), "installed": {"kind": ABSENT}})
-                    wanted.add(pyc)
+                # size match; an edit within the same second of equal size would be missed.  It is
+                # removed, never recorded: Python makes a new one from the source.
+                cache_id = _dir_id(snapshot, posixpath.join(d.import_dir, "__pycache__"))
+                for pyc in bytecode_paths(snapshot, d.import_dir, d.module):
+                    changes.append(Change(pyc, pyc, snapshot[pyc], FileState(ABSENT), "stale bytecode", cache_id))
             for parent in _missing_parents(d.path, snapshot):
                 if parent not in mkdirs:
                     mkdirs.append(parent)
@@ -265,12 +299,16 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
                 continue
             cur = snapshot.get(path, FileState(ABSENT))
             back = FileState.from_json(f["before"])
-            if f["role"] == CACHE or _unchanged_since(cur, f):
+            refusal = _refusal(f, snapshot, back)
+            if refusal:
+                warnings.append(f"{f['shown']}: {refusal}; left as it is")
+            elif _unchanged_since(cur, f):
                 if not cur.same(back):
-                    changes.append(Change(path, f["shown"], cur, back, "restore (no longer installed here)"))
+                    changes.append(Change(path, f["shown"], cur, back, "restore (no longer installed here)",
+                                          f.get("dir_id")))
             elif f["role"] == BLOCK and hooktext.has_any_block(cur.text()):
                 changes.append(Change(path, f["shown"], cur, new_file(hooktext.strip_any_blocks(cur.text()), like=cur),
-                                      "remove commdiag block (file changed since install)"))
+                                      "remove commdiag block (file changed since install)", f.get("dir_id")))
             else:
                 warnings.append(f"{f['shown']}: changed since commdiag installed it; left as it is")
         old_dirs = records[t.key].get("dirs_created", []) if t.key in records else []
@@ -283,6 +321,26 @@ def plan_install(targets: list[Target], snapshot: dict[str, FileState], records:
         commands += t.commands
     return Plan("install", tuple(changes), tuple(mkdirs), (), tuple(new_records), (),
                 tuple(notes), tuple(warnings), tuple(commands))
+
+
+def check_compiles(data: bytes, shown: str, block: str | None = None) -> None:
+    """The Python file as it will be written must compile, and read under its own coding
+    declaration, commdiag's ``block`` must be exactly the text commdiag made: a block that would
+    turn into something else, or break the file, is refused before anything is written."""
+    import io
+    import tokenize
+
+    try:
+        compile(data, shown, "exec", dont_inherit=True)
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    except (SyntaxError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        raise CommdiagError(f"{shown}: would not compile with commdiag's block{where}; nothing was "
+                            "written (use --method pth)") from None
+    if block is not None and block not in text:
+        raise CommdiagError(f"{shown}: under its coding declaration ({encoding}) commdiag's block would "
+                            "read differently; nothing was written (use --method pth)")
 
 
 def _installed(after: FileState) -> dict:
@@ -303,42 +361,97 @@ def _missing_parents(path: str, snapshot: dict[str, FileState]) -> list[str]:
     return out[::-1]
 
 
-def plan_uninstall(records: list[dict], snapshot: dict[str, FileState], *, force: bool) -> Plan:
-    """Changes that put every file of ``records`` back as it was before commdiag touched it."""
+def _refusal(f: dict, snapshot: dict[str, FileState], back: FileState,
+             trusted_uids: frozenset[int] = frozenset({0})) -> str | None:
+    """Why the file of manifest entry ``f`` must not be changed now (None: it may).
+
+    Its directory must be the very one it was written in (the recorded ``dir_id``); an entry of
+    manifest version 1 has none, and is accepted only where every directory above it belongs to
+    ``trusted_uids`` and no one else can write there (then no one else could have swapped it)."""
+    parent = posixpath.dirname(f["path"])
+    pst = snapshot.get(parent, FileState(DIR))  # a survey holds every directory; a hand-made plan may not
+    if pst.kind in (SYMLINK, BLOCKED, OTHER):
+        what = {SYMLINK: "a symbolic link"}.get(pst.kind, "reached through a link, or not a directory")
+        return f"not changed: its directory {parent} is {what} now (it was a directory at install)"
+    if pst.kind == ABSENT:
+        return None  # nothing to put back into: the caller notes a lost original
+    recorded = f.get("dir_id")
+    if recorded is not None and recorded != pst.identity:
+        return (f"not changed: {parent} is another directory than the one commdiag installed into "
+                "(moved or replaced since)")
+    if recorded is None:
+        d = parent
+        while d in snapshot:
+            st = snapshot[d]
+            if st.uid not in trusted_uids or (st.mode or 0) & 0o022 and not (st.mode or 0) & 0o1000:
+                return (f"not changed: recorded by an older commdiag without the identity of {parent}, "
+                        f"and {d} can be changed by another user (owner uid {st.uid}, mode "
+                        f"{(st.mode or 0):04o}): it may have been swapped")
+            d = posixpath.dirname(d)
+    if back.kind == FILE and back.data is None:
+        return f"not restored: the saved copy of its original (sha256 {f['before'].get('sha256')}) is missing"
+    return None
+
+
+def plan_uninstall(records: list[dict], snapshot: dict[str, FileState], *, force: bool,
+                   others: list[dict] = (), trusted_uids: frozenset[int] = frozenset({0})) -> Plan:
+    """Changes that put every file of ``records`` back as it was before commdiag touched it.
+
+    Files another install (``others``, which stay) also names are left to it.  A file that must
+    not be changed (``_refusal``) is left, and its entry kept in the returned records."""
     changes: list[Change] = []
     warnings: list[str] = []
     notes: list[str] = []
+    refused: list[str] = []
     rmdirs: list[str] = []
+    kept: list[dict] = []
+    shared = {f["path"] for r in others for f in r["files"]}
     for r in records:
-        recorded = _record_files(r)
+        keep = []
         for f in r["files"]:
             path = f["path"]
+            if f["role"] == CACHE:
+                continue  # recorded by manifest version 1: bytecode is never put back
+            if path in shared:
+                notes.append(f"{f['shown']}: also installed by another install; left to it")
+                continue
             cur = snapshot.get(path, FileState(ABSENT))
             back = FileState.from_json(f["before"])
-            if cur.same(back) and f["role"] != CACHE:
+            why = _refusal(f, snapshot, back, trusted_uids)
+            if why:
+                refused.append(f"{f['shown']}: {why}")
+                keep.append(f)
                 continue
-            if f["role"] == CACHE or _unchanged_since(cur, f) or force:
-                if not cur.same(back):
-                    changes.append(Change(path, f["shown"], cur, back, "restore"))
+            if snapshot.get(posixpath.dirname(path), FileState(DIR)).kind == ABSENT:
+                if back.kind != ABSENT:
+                    warnings.append(f"{f['shown']}: its directory is gone; its original is not restored")
+                continue
+            dir_id = _dir_id(snapshot, posixpath.dirname(path))
+            if cur.same(back):
+                pass
+            elif _unchanged_since(cur, f) or force:
+                changes.append(Change(path, f["shown"], cur, back, "restore", dir_id))
             elif f["role"] == BLOCK and cur.kind == FILE and hooktext.has_any_block(cur.text()):
                 changes.append(Change(path, f["shown"], cur, new_file(hooktext.strip_any_blocks(cur.text()), like=cur),
-                                      "remove commdiag block only"))
+                                      "remove commdiag block only", dir_id))
                 notes.append(f"{f['shown']}: changed since install; removed only commdiag's block, kept the rest")
             else:
                 warnings.append(f"{f['shown']}: changed since commdiag installed it; left as it is "
                                 "(--force restores the original)")
-            if f.get("import_dir") and f.get("module") and f["role"] != CACHE:
-                for pyc in bytecode_paths(snapshot, f["import_dir"], f["module"]):
-                    if pyc not in recorded:  # written by a run since install: stale after the restore
-                        changes.append(Change(pyc, pyc, snapshot[pyc], FileState(ABSENT), "stale bytecode"))
-        for f in r["files"]:
-            if f.get("pycache_absent") and f.get("import_dir") and f["role"] != CACHE:
-                cache = posixpath.join(f["import_dir"], "__pycache__")
-                if cache not in rmdirs:
+            imp = f.get("import_dir")
+            if imp and f.get("module") and f.get("import_dir_id", _dir_id(snapshot, imp)) == _dir_id(snapshot, imp):
+                cache = posixpath.join(imp, "__pycache__")
+                for pyc in bytecode_paths(snapshot, imp, f["module"]):  # stale once the source is back
+                    changes.append(Change(pyc, pyc, snapshot[pyc], FileState(ABSENT), "stale bytecode",
+                                          _dir_id(snapshot, cache)))
+                if f.get("pycache_absent") and cache not in rmdirs:
                     rmdirs.append(cache)  # removed only if empty (apply ignores ENOTEMPTY)
-        for d in reversed(r.get("dirs_created", [])):
-            if d not in rmdirs:
-                rmdirs.append(d)
+        if keep:
+            kept.append({**r, "files": keep})
+        else:
+            for d in reversed(r.get("dirs_created", [])):
+                if d not in rmdirs:
+                    rmdirs.append(d)
     rmdirs.sort(key=lambda p: -p.count("/"))
-    return Plan("uninstall", tuple(changes), (), tuple(rmdirs), (), tuple(r["key"] for r in records),
-                tuple(notes), tuple(warnings), ())
+    return Plan("uninstall", tuple(changes), (), tuple(rmdirs), tuple(kept), tuple(r["key"] for r in records),
+                tuple(notes), tuple(warnings), (), tuple(refused))

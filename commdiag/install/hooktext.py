@@ -12,9 +12,13 @@ replaced and removed again without touching anything around it:
 check-env expects); this module imports only ``re`` at start, because check-env
 runs at the top of inference workers.
 
-Values reach Python source only through ``repr`` (never pasted into a string),
-and every free-text field that lands in a comment (the source path, say) is
-escaped with ``ascii()`` so that a newline in it cannot end the comment.
+Values reach Python source only through ``ascii()`` (never pasted into a string):
+the literal is pure ASCII, so it reads the same under any coding declaration of
+the file it is appended to (``repr`` keeps non-ASCII characters as they are, and
+under a legacy coding such as cp932 their bytes can swallow the backslash of an
+escaped quote).  Every free-text field that lands in a comment (the source path,
+say) is escaped with ``ascii()`` too, so that a newline in it cannot end the
+comment.
 """
 
 from __future__ import annotations
@@ -90,9 +94,9 @@ def hook_block(settings: dict[str, str], *, override: bool, meta: dict[str, str]
              "    def _commdiag_nccl_hook():",
              "        import os",
              "        import sys",
-             f"        SETTINGS = {settings!r}",
+             f"        SETTINGS = {ascii(dict(settings))}",
              f"        OVERRIDE = {bool(override)!r}",
-             f"        PREFIX = {prefix!r}",
+             f"        PREFIX = {ascii(prefix)}",
              "        if PREFIX is not None and sys.prefix != PREFIX:",
              "            return",
              "        for name, value in SETTINGS.items():",

@@ -126,16 +126,17 @@ def read_rules(path: str | Path) -> tuple[bytes, int, str]:
     return data, len(rules.parse_bytes(data, str(p))), str(p.resolve())
 
 
-def compile_library() -> tuple[bytes, str]:
-    """The plugin compiled here, into a temporary folder (nothing installed is touched): bytes, compiler."""
+def compile_library(cc: str | None = None) -> tuple[bytes, str]:
+    """The plugin compiled here, into a temporary folder (nothing installed is touched): bytes,
+    compiler (``cc``: ``--cc``; otherwise build.find_compiler's choice, a fixed one as root)."""
     from ..tuner import build
 
     with tempfile.TemporaryDirectory(prefix="commdiag-tuner-") as tmp:
-        res = build.build_result(tmp)
+        res = build.build_result(tmp, cc=cc)
         return res.library.read_bytes(), res.compiler
 
 
-def prepare(path: str | Path, state_dir_shown: str) -> TunerFiles:
+def prepare(path: str | Path, state_dir_shown: str, cc: str | None = None) -> TunerFiles:
     """Everything ``--tuner PATH`` installs, made and checked before any change: the rules are read
     and parsed, the paths checked, the library compiled (no compiler: one error, nothing changed)."""
     data, n, source = read_rules(path)
@@ -143,7 +144,7 @@ def prepare(path: str | Path, state_dir_shown: str) -> TunerFiles:
     library, rules_path = posixpath.join(directory, LIBRARY_NAME), posixpath.join(directory, RULES_NAME)
     check_path(library, "tuner library path")
     check_path(rules_path, "tuner rules path")
-    lib_bytes, compiler = compile_library()
+    lib_bytes, compiler = compile_library(cc)
     return TunerFiles(directory, library, rules_path, lib_bytes, data, n, source, compiler)
 
 

@@ -12,6 +12,11 @@ run.json ``explain`` (inside run format 2)::
       "sizes": {"14336": {"algo": "Ring", "proto": "LL", "channels": 1, "calls": 3}}}},
      "notes": [{"config": NAME, "variable": "NCCL_PROTO", "text": "..."}]}
 
+Every config also gets ``"overrides"`` (its own settings) and ``"transports"``: the transport NCCL
+connected each GPU pair with, from the same log's INIT lines (nccl/transports.py ``summary_json``;
+docs/formats.md, "Transports").  The text output shows each config's GPU x GPU matrix and what it
+moved against ``default``.
+
 A config whose env sets NCCL_TUNER_PLUGIN also gets ``"tuner"`` (additive, from the same log's INIT
 lines; docs/tuner.md 'Proof')::
 
@@ -27,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import launcher
-from ..nccl import ncclog, tunerlog
+from ..nccl import ncclog, transports, tunerlog
 from ..formats import results
 from ..errors import CommdiagError
 from ..formats.spec import Spec
@@ -165,6 +170,8 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
         elif not entry["sizes"]:
             entry["status"] = "no-tuning-lines"
             entry["error"] = "NCCL printed no TUNING lines (NCCL older than 2.24 may print none): choices unknown"
+        entry["overrides"] = dict(config.get("overrides") or {})
+        entry["transports"] = transports.summary_json(transports.parse(text).values())
         tuner = tuner_by_size(text, sizes, {**base_env, **config["env"]}.get("NCCL_TUNER_PLUGIN"))
         if tuner is not None:
             entry["tuner"] = tuner
@@ -198,6 +205,9 @@ def render(explain: dict, sizes: list[dict]) -> str:
             lines.append(f"tuner [{n}], {len(t['ranks'])} rank(s): {t['ranks'][0]['summary']}")
     for note in explain.get("notes", []):
         lines.append(f"note [{note['config']}]: {note['text']}")
+    matrices = transports.render_configs(configs)
+    if matrices:
+        lines += ["", *matrices]
     return "\n".join(lines)
 
 

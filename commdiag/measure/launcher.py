@@ -1,6 +1,7 @@
 """One torchrun launch under a deadline: argv, environment, supervision, and cleanup.
 
-Every launch is a fresh ``python -m torch.distributed.run`` in its own session, with
+Every launch is a fresh ``python -P -m torch.distributed.run`` (childpython.module_argv: the
+folder the sweep was started from is on no path, the workers' either) in its own session, with
 an explicit environment: the user's, then the config's variables, then commdiag's
 own (a unique ``COMMDIAG_LAUNCH_ID`` marker, and NCCL's debug settings unless the
 user set NCCL_DEBUG).  The deadline covers start, measurement and teardown (a
@@ -15,13 +16,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import PACKAGE_PARENT
+from ..childpython import module_argv
 
 KILL_GRACE_S = 5.0  # torchrun forwards SIGTERM to its workers; give them this long to exit
 MARKER = "COMMDIAG_LAUNCH_ID"
@@ -38,13 +39,19 @@ class LaunchOutcome:
 
 def torchrun_argv(nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id: str,
                   join_timeout_s: float, plan_path: Path) -> list[str]:
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--max-restarts=0"]
+    """torchrun, and its workers, started so that neither imports from the working folder.
+
+    ``--no-python``: torchrun runs the worker command as given, with the -P (or 3.10 runner) of
+    childpython.module_argv, instead of its own ``python -u -m``, which would put the folder the
+    sweep was started from first on every worker's path."""
+    args = [f"--nproc-per-node={nproc}", "--max-restarts=0"]
     if nnodes > 1:
-        argv += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+        args += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
                  f"--rdzv-id={rdzv_id}", f"--rdzv-conf=join_timeout={int(join_timeout_s)}"]
     else:
-        argv += ["--standalone", "--nnodes=1"]
-    return argv + ["-m", "commdiag.measure.worker", "--plan", str(plan_path)]
+        args += ["--standalone", "--nnodes=1"]
+    worker = module_argv("commdiag.measure.worker", ["--plan", str(plan_path)])
+    return module_argv("torch.distributed.run", [*args, "--no-python", worker[0], "-u", *worker[1:]])
 
 
 def launch_env(base: dict[str, str], config_env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
@@ -131,18 +138,18 @@ def _terminate_group(proc: subprocess.Popen) -> None:
 
 def marked_pids(marker: str) -> list[int]:
     """Processes whose environment carries ``COMMDIAG_LAUNCH_ID=marker`` (Linux /proc)."""
-    needle = f"{MARKER}={marker}".encode()
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+    return [int(e.name) for e in os.scandir("/proc")
+            if e.name.isdigit() and int(e.name) != os.getpid() and carries_marker(int(e.name), marker)]
+
+
+def carries_marker(pid: int, marker: str) -> bool:
+    """Whether process ``pid`` belongs to the launch ``marker`` (its environment says so); False
+    for a process this user cannot read (another user's is never one of ours)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{MARKER}={marker}".encode() in f.read().split(b"\0")
+    except (OSError, ValueError):
+        return False
 
 
 def kill_marked(marker: str) -> int:

@@ -4,7 +4,8 @@
 prerequisites before the first launch, writes run.json after every launch
 (atomically), and on Ctrl-C kills the launch in flight, marks it pending and
 returns a resumable run.  ``--resume`` re-reads run.json and runs only the
-launches that are still pending.
+launches that are still pending.  Around every launch it records the machine's state
+(machinestate.py: NVML clocks, throttling, link, other processes; nccl runs only).
 
 Two stages (verdict.py): stage 1 is the interleaved trials; when it is done the
 sweep screens it, records the confirmation plan in run.json and appends stage 2's
@@ -29,10 +30,12 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__, metadata
-from ..analyse import certify, stats, verdict
-from . import launcher, runlock
+from ..analyse import certify, paired, stats, verdict
+from ..analyse.stats import LESS, TWO_SIDED
+from . import launcher, machinestate, runlock
 from ..formats import results
 from ..errors import CommdiagError
+from ..wrap import wrapped
 from ..formats.spec import Spec, launch_order
 
 TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
@@ -198,11 +201,13 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
               env: dict[str, str] | None = None,
               on_progress: Callable[[Progress], None] | None = None,
               on_plan: Callable[[StagePlan], None] | None = None,
-              confirm: bool = True, certify_sizes: bool = False) -> SweepResult:
+              confirm: bool = True, certify_sizes: bool = False,
+              sampler: machinestate.Sampler | None = None) -> SweepResult:
     """Run every pending launch of a new run (``spec``) or of an interrupted one (``resume``): stage 1
     (the interleaved trials), then, unless ``confirm`` is False, stage 2 (verdict.py: fresh rounds of
     default and the screening's candidates).  Both stages' launches live in run.json, so Ctrl-C and
-    --resume work across them."""
+    --resume work across them.  ``sampler``: what reads the machine's state around each launch
+    (machinestate.py; default NVML for nccl runs, nothing for gloo)."""
     base_env = dict(os.environ if env is None else env)
     if resume is not None:
         run_dir = Path(resume)
@@ -214,6 +219,8 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
     else:
         assert spec is not None
         _check_reuse(spec, base_env)
+        if confirm:
+            _check_confirm_rounds(spec, certify_sizes)
         nproc = preflight(spec)
         if certify_sizes:
             spec, plan = _certify_sizes_plan(spec)
@@ -231,21 +238,52 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
             if certify_sizes:
                 run["certify_sizes"] = {"trials": spec.trials}
             results.save_run(run_dir, run)
-            return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+            return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
     with runlock.hold(run_dir):
         run = results.load_run_json(run_dir)  # read again under the lock: what the last holder left
         run["state"] = "running"
         _reap(run, run_dir)
-        return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+        return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
+
+
+def _spec_families(spec: Spec) -> tuple[int, int, str]:
+    """(fewest, most) claims stage 2 of ``spec`` can make, and the sidedness of the fewest: every named
+    config (confirm.configs) in every band with sizes, two-sided; a screening candidate per band."""
+    from ..analyse.screening import in_band
+
+    bands = sum(1 for rng in spec.bands.values() if any(in_band(s.tokens, rng) for s in spec.sizes))
+    named = len(spec.confirm_configs)
+    unnamed = len(spec.configs) - 1 - named
+    most = bands * (named + (1 if unnamed > 0 else 0))
+    return (bands * named, most, TWO_SIDED) if named else (min(1, most), most, LESS)
+
+
+def _check_confirm_rounds(spec: Spec, certify_sizes: bool) -> None:
+    """Before any launch: a fixed confirm.rounds that cannot certify even the spec's fewest claims is refused."""
+    if not spec.confirm_rounds:
+        return
+    fewest, _, alt = _spec_families(spec)
+    if not fewest:
+        return
+    thr = (stats.ALPHA / 2 if certify_sizes else stats.ALPHA) / fewest
+    if paired.smallest_p(spec.confirm_rounds, alt) > thr:
+        from ..errors import SpecError
+
+        raise SpecError(spec.path, "confirm.rounds",
+                        f"not certifiable with this plan: {spec.confirm_rounds} rounds give the paired within-round "
+                        f"test a smallest p of {paired.smallest_p(spec.confirm_rounds, alt):.2g}, and this spec's "
+                        f"{fewest} claim(s) each need p <= {thr:.2g}; set confirm.rounds: "
+                        f"{paired.rounds_to_reach(thr, alt)} (or auto), or run with --no-confirm for screening only")
 
 
 def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str] | None = None,
                 on_progress: Callable[[Progress], None] | None = None,
-                on_plan: Callable[[StagePlan], None] | None = None) -> SweepResult:
+                on_plan: Callable[[StagePlan], None] | None = None,
+                sampler: machinestate.Sampler | None = None) -> SweepResult:
     """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
     or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
     with runlock.hold(run_dir):
-        return _confirm_locked(Path(run_dir), rounds, env, on_progress, on_plan)
+        return _confirm_locked(Path(run_dir), rounds, env, on_progress, on_plan, sampler)
 
 
 def _reap(run: dict, run_dir: Path) -> None:
@@ -257,7 +295,7 @@ def _reap(run: dict, run_dir: Path) -> None:
             f"{', '.join(map(str, ended))})")
 
 
-def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepResult:
+def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -> SweepResult:
     base_env = dict(os.environ if env is None else env)
     run = results.load_run_json(run_dir)
     _reap(run, run_dir)
@@ -271,11 +309,18 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepRe
     plan = run.get("confirmation")
     pending2 = any(l["status"] == results.PENDING for l in run["launches"] if l.get("stage") == 2)
     if plan and not pending2:
-        if rounds is None:
-            raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
-                                "extend it: a further look is tested at half the previous threshold")
         if not plan.get("claims"):
             raise CommdiagError(f"{run_dir}: stage 2 has no claims to extend (screening found no candidate)")
+        _check_further_look(run_dir, plan, rounds)
+        kept = [l for l in run["launches"] if l.get("status") in (results.OK, results.TIMEOUT)
+                and not (results.launch_dir(run_dir, l["index"]) / "result.json").is_file()]
+        if kept:  # samples.csv is rebuilt from the launch folders: extending would lose these launches
+            raise CommdiagError(f"{run_dir}: {len(kept)} finished launch(es) have no launches/NNNN/result.json "
+                                f"(launch {kept[0]['index']} first): this run folder cannot be extended without "
+                                "losing their samples; run the spec afresh instead")
+        if plan.get("test") != certify.PAIRED_TEST:  # confirmed before the paired test: judged the paired way now
+            plan.update(version=certify.CONFIRMATION_VERSION, test=certify.PAIRED_TEST,
+                        upgraded_from=plan.get("version", 1))
         certify.add_look(plan, rounds, _utc())
         _add_rounds(run, plan, spec, rounds)
         if on_plan:
@@ -287,10 +332,11 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan) -> SweepRe
                             "--rounds), then extend it")
     run["state"] = "running"
     results.save_run(run_dir, run)
-    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan)
+    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
 
 
-def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan) -> SweepResult:
+def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan,
+                sampler: machinestate.Sampler | None = None) -> SweepResult:
     if threading.current_thread() is threading.main_thread():
         # Started with SIGINT ignored (nohup, a background job, some service managers), Ctrl-C and
         # `kill -INT` would do nothing: the sweep's interrupt-and-resume needs the default handler.
@@ -298,13 +344,21 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
     configs = {c["name"]: c for c in run["configs"]}
     if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
         on_plan(_start_banner(spec, run, run_dir))
-    interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress)
-    if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
-        plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
-        results.save_run(run_dir, run)
-        if on_plan:
-            on_plan(plan)
-        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress)
+    own_sampler = sampler is None
+    sampler = sampler or machinestate.open_sampler(spec.backend)
+    try:
+        run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
+        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler)
+        if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
+            plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
+            results.save_run(run_dir, run)
+            if on_plan:
+                on_plan(plan)
+            interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler)
+        run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
+    finally:
+        if own_sampler:
+            sampler.close()
     run["state"] = "interrupted" if interrupted else "complete"
     run["finished_utc"] = None if interrupted else _utc()
     results.save_run(run_dir, run)
@@ -326,17 +380,26 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
             + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
             + (f", about {len(pending) * per / 60:.1f} min at this run's {per:.0f} s a launch" if per
                else "; the ETA follows from this machine's own launches, from the first one on") + then)
-    return StagePlan("start", len(pending), len(pending) * per if per else None, (line,))
+    lines = [line]
+    if spec.confirm_rounds and then:
+        _, most, _ = _spec_families(spec)
+        thr = (stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA) / max(most, 1)
+        if most and paired.smallest_p(spec.confirm_rounds, TWO_SIDED if spec.confirm_configs else LESS) > thr:
+            lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
+                         f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
+                         "the rounds every claim needs)")
+    return StagePlan("start", len(pending), len(pending) * per if per else None, tuple(wrapped(lines)))
 
 
-def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress) -> bool:
+def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
+                 sampler: machinestate.Sampler) -> bool:
     """Run every pending launch in order; True when interrupted (the launch in flight is pending again)."""
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
     done_walls: list[float] = []
     done = 0
     for batch in process_batches(pending, configs, spec.reuse_process):
         try:
-            outcome = _one_process(spec, run, run_dir, batch, configs, base_env)
+            outcome = _one_process(spec, run, run_dir, batch, configs, base_env, sampler)
         except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
             outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
         if outcome.interrupted:
@@ -395,6 +458,28 @@ def _stage2_measure(spec: Spec, claims, band_sizes: dict) -> dict:
     return {"modes": modes, "vias": vias, "sizes": sizes or [s.bytes for s in spec.sizes]}
 
 
+def _check_further_look(run_dir: Path, plan: dict, rounds: int | None) -> None:
+    """Before any launch of a further look: refuse one whose rounds in all cannot reach its threshold."""
+    claims = certify.claims_of(plan)
+    total = certify.total_rounds(plan)
+    thr = certify.next_threshold(plan)
+    need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
+    least = min(paired.rounds_to_reach(thr, c.alternative) for c in claims)
+    if rounds is None:
+        if certify.unreachable(plan) == claims:
+            raise CommdiagError(f"{run_dir}: not certifiable with this plan ({total} rounds); give --rounds "
+                                f"{max(1, need - total)} to add the rounds the paired test needs "
+                                f"(p <= {thr:.2g})")
+        raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
+                            "extend it: a further look is tested at half the previous threshold")
+    if total + rounds < least:
+        raise CommdiagError(f"{run_dir}: --rounds {rounds}: with {total + rounds} rounds in all the paired "
+                            f"within-round test cannot reach this look's p <= {thr:.2g} for any claim "
+                            f"(smallest p: {paired.smallest_p(total + rounds, claims[0].alternative):.2g}); "
+                            f"--rounds {least - total} can" + (f" ({need - total} for every claim)"
+                                                               if need > least else ""))
+
+
 def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
     claims = certify.claims_of(plan)
     if not claims:
@@ -404,25 +489,54 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
     n = rounds * len(plan["configs"])
     wall = _mean_wall(run)
     look = plan["looks"][-1]
-    lines = [f"stage 2 (confirmation, look {look['look']}): {rounds} fresh rounds x {len(plan['configs'])} configs "
-             f"= {n} launches" + (f", at most about {n * wall / 60:.1f} min ({wall:.1f} s a stage-1 launch; stage 2 measures less)"
-                if wall else "")
-             + f"; {len(claims)} claim(s), each must reach p <= {look['threshold']:.2g}"]
-    alt = "two-sided" if any(c.alternative == "two-sided" for c in claims) else "less"
-    total = sum(lk["rounds"] for lk in plan["looks"])
-    if stats.smallest_p(total, total, alt) > look["threshold"]:
-        lines.append(f"  warning: with {total} rounds the exact test cannot reach p <= {look['threshold']:.2g} at all "
-                     f"(smallest attainable {stats.smallest_p(total, total, alt):.2g}): nothing can be certified; "
-                     f"{stats.launches_to_reach(look['threshold'], alt)} rounds could")
+    thr, total = look["threshold"], certify.total_rounds(plan)
+    cannot = certify.unreachable(plan)
+    lines = []
+    if len(cannot) == len(claims):
+        need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
+        asked = total or plan.get("rounds_requested") or 0  # a first look that launched nothing: what was asked
+        lines.append(f"stage 2 (confirmation, look {look['look']}): not certifiable with this plan: {asked} rounds "
+                     f"cannot reach p <= {thr:.2g} for any of its {len(claims)} claim(s) (smallest p of the paired "
+                     f"test with {asked} rounds: {paired.smallest_p(asked, cannot[0].alternative):.2g}); nothing "
+                     f"is launched. {need} rounds can: confirm.rounds: auto in the spec, or commdiag confirm "
+                     f"RUN_DIR --rounds {max(1, need - total)}")
+    else:
+        lines.append(f"stage 2 (confirmation, look {look['look']}): {rounds} fresh rounds x {len(plan['configs'])} "
+                     f"configs = {n} launches" + (f", at most about {n * wall / 60:.1f} min ({wall:.1f} s a stage-1 "
+                                                   "launch; stage 2 measures less)" if wall else "")
+                     + f"; {len(claims)} claim(s), each must reach p <= {thr:.2g}")
+        lines.append("  " + _why_rounds(claims, total, thr))
+        if cannot:
+            need = max(paired.rounds_to_reach(thr, c.alternative) for c in cannot)
+            lines.append(f"  not certifiable with this plan: {', '.join(sorted({c.config for c in cannot}))} "
+                         f"(tested either way) would need {need} rounds; not launched")
     if look["look"] > 1:
-        spent = sum(lk["threshold"] for lk in plan["looks"]) * len(claims)
+        spent = len(claims) * sum(lk["threshold"] for i, lk in enumerate(plan["looks"])
+                                  if certify.look_spent(plan, i + 1))
         lines.append(f"  a further look at the same claims: the run's family-wise error rate is now at most "
-                     f"{spent:.2%} (each look spends its threshold x {len(claims)} claims)")
+                     f"{spent:.2%} (each look that could certify spends its threshold x {len(claims)} claims)")
     for c in claims:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
         lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
                      f"default in {c.where}, {c.mode} mode{scr} [{c.reason}]")
-    return StagePlan("confirm", n, n * wall if wall else None, tuple(lines))
+    return StagePlan("confirm", n, n * wall if wall else None, tuple(wrapped(lines)))
+
+
+def _why_rounds(claims, total: int, thr: float) -> str:
+    """Why this many rounds: the paired test's smallest p with k rounds is 1/2^k (2/2^k two-sided)."""
+    alt = TWO_SIDED if any(c.alternative == TWO_SIDED for c in claims) else LESS
+    k = paired.rounds_to_reach(thr, alt)
+    num = "2" if alt == TWO_SIDED else "1"
+    why = (f"why {total} rounds: the paired within-round test's smallest p with k rounds is {num}/2^k "
+           f"({'two-sided' if alt == TWO_SIDED else 'one-sided'} claims); {num}/2^{k} = "
+           f"{paired.smallest_p(k, alt):.2g} <= {thr:.2g}")
+    if k > 1:
+        why += f", {num}/2^{k - 1} = {paired.smallest_p(k - 1, alt):.2g} is not"
+    if total > k:
+        why += f"; {total} rounds leave room for {total - k} rounds of opposite sign or small ranks"
+    return why
+
+
 
 
 def _add_rounds(run: dict, plan: dict, spec: Spec, rounds: int) -> None:
@@ -481,8 +595,9 @@ def process_batches(launches: list[dict], configs: dict[str, dict], reuse: bool)
 
 
 def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], configs: dict[str, dict],
-                 base_env: dict) -> launcher.LaunchOutcome:
-    """One torchrun process for ``batch`` (one launch, or several with reuse_process); record each."""
+                 base_env: dict, sampler: machinestate.Sampler) -> launcher.LaunchOutcome:
+    """One torchrun process for ``batch`` (one launch, or several with reuse_process); record each,
+    with the machine's state around it (the same for every launch of a shared process)."""
     folders = []
     for launch in batch:
         folder = results.launch_dir(run_dir, launch["index"])
@@ -525,18 +640,21 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
     for launch in batch:
         launch["marker"] = marker
     results.save_run(run_dir, run)
-    outcome, marker = launcher.launch_worker(
-        folder, plan, base_env=base_env, config_env=process_env, extra_env=debug_env,
-        nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
-        rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", deadline_s=spec.timeout_s * len(batch),
-        marker=marker)
+    with sampler.watch(lambda pid: launcher.carries_marker(pid, marker)) as watch:
+        outcome, marker = launcher.launch_worker(
+            folder, plan, base_env=base_env, config_env=process_env, extra_env=debug_env,
+            nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
+            rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", deadline_s=spec.timeout_s * len(batch),
+            marker=marker)
     if outcome.interrupted:
         return outcome
+    machine = watch.record()
     found = [results.read_launch_result(run_dir, l["index"]) for l in batch]
     measured = sum(max(r.get("measure_s", 0.0) for r in res["ranks"]) for res in found if res)
     for n, (launch, result) in enumerate(zip(batch, found)):
         launch["started_utc"], launch["marker"] = started, marker
         _record(spec, run, launch, outcome, result, folder, shared=reuse)
+        launch["machine"] = machine
         if reuse:
             # one process measured every launch of the batch: its start and teardown are shared
             share = max(outcome.wall_s - measured, 0.0) / len(batch)

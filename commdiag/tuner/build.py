@@ -5,6 +5,12 @@ Owns: compiling ``commdiag_tuner.c`` (shipped as package data beside this file) 
 NCCL looks for.  Writes that one file, atomically (a temporary file in OUT_DIR, renamed over
 the target): a process that already has the old library loaded keeps its mapping intact,
 where writing in place would change code under a running NCCL.
+
+Which compiler: ``--cc`` when given; otherwise, as root, ``cc`` found on the fixed
+``SAFE_PATH`` and run with an environment of only that PATH (under ``sudo -E``, ``$CC``,
+``$PATH``, ``COMPILER_PATH`` or ``GCC_EXEC_PREFIX`` are the invoking user's, and each chooses a
+program the compiler runs); as anyone else ``$CC`` or ``cc`` on ``$PATH``, in their environment.
+No ``CFLAGS`` are read from the environment: the flags are ``CFLAGS`` below.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ COMPILE_TIMEOUT_S = 120
 # NCCL copies NCCL_TUNER_PLUGIN into a 255-byte buffer (MAX_STR_LEN, src/plugin/plugin_open.cc) and
 # would dlopen a truncated path.
 NCCL_MAX_PLUGIN_PATH = 254
+# Where root looks for the compiler, and the only PATH the compiler then has: the distribution's
+# own directories (not /usr/local, group-writable on some systems).
+SAFE_PATH = "/usr/bin:/bin"
 
 
 @dataclass(frozen=True)
@@ -54,15 +63,31 @@ class BuildResult:
                 "compiler": self.compiler, "symbols": list(self.symbols), "env": self.env(rules)}
 
 
-def find_compiler() -> list[str]:
-    """``$CC`` (split like a shell would) or ``cc``, resolved on PATH; a CommdiagError if there is none."""
-    argv = shlex.split(os.environ.get("CC", "")) or ["cc"]
-    path = shutil.which(argv[0])
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def find_compiler(cc: str | None = None) -> list[str]:
+    """The compiler's argv: ``cc`` (``--cc``, split like a shell would) when given, else as root
+    ``cc`` on SAFE_PATH, else ``$CC`` or ``cc`` on PATH; a CommdiagError if there is none."""
+    root = _as_root()
+    if cc is not None:
+        argv = shlex.split(cc) or ["cc"]
+    else:
+        argv = ["cc"] if root else (shlex.split(os.environ.get("CC", "")) or ["cc"])
+    path = shutil.which(argv[0], path=SAFE_PATH if root else None)
     if path is None:
+        where = f"PATH ({SAFE_PATH}: as root commdiag ignores $PATH and $CC)" if root else "PATH"
         raise CommdiagError(
-            f"no C compiler: '{terminal_safe(argv[0])}' is not on PATH "
-            "(install one: Debian/Ubuntu 'apt-get install gcc', RHEL/Fedora 'dnf install gcc'; or set CC)")
+            f"no C compiler: '{terminal_safe(argv[0])}' is not on {where} (install one: Debian/Ubuntu "
+            "'apt-get install gcc', RHEL/Fedora 'dnf install gcc'; or give --cc PATH)")
     return [path, *argv[1:]]
+
+
+def compiler_env() -> dict | None:
+    """The compiler's environment: as root only SAFE_PATH (the compiler finds as, ld and cc1
+    through PATH, COMPILER_PATH and GCC_EXEC_PREFIX); otherwise the caller's (None)."""
+    return {"PATH": SAFE_PATH, "LC_ALL": "C"} if _as_root() else None
 
 
 def check_plugin_path(path: str, hint: str) -> None:
@@ -72,15 +97,15 @@ def check_plugin_path(path: str, hint: str) -> None:
                             f"load a truncated NCCL_TUNER_PLUGIN ({hint})")
 
 
-def build(out_dir: str | Path = ".", werror: bool = False) -> Path:
+def build(out_dir: str | Path = ".", werror: bool = False, cc: str | None = None) -> Path:
     """Compile the plugin into ``out_dir`` (created if missing); returns the library's absolute path."""
-    return build_result(out_dir, werror).library
+    return build_result(out_dir, werror, cc).library
 
 
-def build_result(out_dir: str | Path = ".", werror: bool = False) -> BuildResult:
+def build_result(out_dir: str | Path = ".", werror: bool = False, cc: str | None = None) -> BuildResult:
     from ..atomic import check_target, discard
 
-    compiler = find_compiler()
+    compiler = find_compiler(cc)
     out_dir = Path(out_dir).expanduser().resolve()
     target = out_dir / LIBRARY_NAME
     check_plugin_path(str(target), "choose a shorter --out")
@@ -99,7 +124,7 @@ def build_result(out_dir: str | Path = ".", werror: bool = False) -> BuildResult
         argv = [*compiler, *CFLAGS, *(("-Werror",) if werror else ()), "-o", tmp, str(SOURCE)]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, env=compiler_env())
         except subprocess.TimeoutExpired:
             raise CommdiagError(f"{compiler[0]}: no result after {COMPILE_TIMEOUT_S} s compiling {SOURCE}") from None
         except OSError as e:

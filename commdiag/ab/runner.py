@@ -1,0 +1,323 @@
+"""Run an A/B: rounds of launches (every arm once per round, shuffled) into a run folder.
+
+Each launch: its own folder ``launches/NNNN/`` (``{launch_dir}``), a fresh server when the spec has
+one (started with the arm's environment, ready by URL or log line, warmup runs discarded), the
+measured run of the user's command (stdout.txt, stderr.txt), the server stopped, the metrics read.
+A launch that fails (the server never ready, crashed, outlived its stop; the command failed or
+timed out; a metric missing; no NCCL proof) is recorded with its reason and the run goes on.
+
+The safety rules of sweep hold: run.json through the one writer after every launch, the run-folder
+lock, each launch's marker in run.json before anything starts (a resume ends what a killed commdiag
+left running), Ctrl-C leaves a resumable folder (the launch in flight is pending again).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__, metadata
+from ..atomic import write_json
+from ..errors import CommdiagError
+from ..formats.spec import launch_order
+from ..measure import launcher, runlock
+from . import presets, server
+from .spec import AbSpec
+
+RUN_FORMAT = "commdiag-ab"
+RUN_FORMAT_VERSION = 1
+PENDING, OK, FAILED = "pending", "ok", "failed"
+LAUNCH_KEYS = ("index", "config", "round", "marker")
+TAIL_CHARS = 2000
+NCCL_PROOF_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
+
+
+@dataclass
+class Progress:
+    done: int
+    total: int
+    launch: dict
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class AbResult:
+    run_dir: Path
+    state: str  # complete | interrupted
+    counts: dict[str, int]
+    warnings: tuple[str, ...] = field(default=())
+
+
+def _utc() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def default_run_dir(spec: AbSpec, root: Path = Path("reports")) -> Path:
+    return root / f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-ab-{spec.name}"
+
+
+def save(run_dir: Path, run: dict) -> None:
+    write_json(Path(run_dir) / "run.json", run)
+
+
+def load(run_dir: str | Path) -> dict:
+    import json
+
+    path = Path(run_dir) / "run.json"
+    try:
+        run = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag ab run folder?") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise CommdiagError(f"{path}: cannot read: {str(e)[:200]}") from None
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        found = run.get("format") if isinstance(run, dict) else type(run).__name__
+        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag ab run ({RUN_FORMAT!r})")
+    v = run.get("version")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= RUN_FORMAT_VERSION:
+        raise CommdiagError(f"{path}: version: {v!r} is not an ab run version this commdiag reads "
+                            f"(1..{RUN_FORMAT_VERSION})")
+    if not isinstance(run.get("spec"), dict) or not isinstance(run.get("launches"), list):
+        raise CommdiagError(f"{path}: spec or launches missing; the file was damaged or not written by commdiag")
+    return run
+
+
+def new_run(spec: AbSpec) -> dict:
+    seed = spec.seed if spec.seed is not None else random.SystemRandom().randrange(2 ** 31)
+    return {
+        "format": RUN_FORMAT, "version": RUN_FORMAT_VERSION, "commdiag_version": __version__,
+        "created_utc": _utc(), "finished_utc": None, "state": "running",
+        "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(), "seed": seed,
+        "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides} for c in spec.configs],
+        "launches": [{"index": l.index, "config": l.config, "round": l.trial, "status": PENDING}
+                     for l in launch_order(spec, seed)],
+        "fingerprint": {"launcher": metadata.collect_host()},
+        "warnings": list(spec.warnings),
+    }
+
+
+def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
+           env: dict[str, str] | None = None, on_progress: Callable[[Progress], None] | None = None,
+           on_start: Callable[[str], None] | None = None) -> AbResult:
+    """Run every pending launch of a new A/B (``spec``) or an interrupted one (``resume``)."""
+    base_env = dict(os.environ if env is None else env)
+    if resume is None:
+        assert spec is not None
+        run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
+        if (run_dir / "run.json").exists():
+            raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = Path(resume)
+    with runlock.hold(run_dir):
+        if resume is None:
+            if (run_dir / "run.json").exists():
+                raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
+            run = new_run(spec)
+        else:
+            run = load(run_dir)
+            spec = AbSpec.from_json(run["spec"])
+            ended = runlock.reap_orphans(run)
+            if ended:
+                run.setdefault("warnings", []).append(
+                    f"ended {len(ended)} process(es) left running by an earlier commdiag (pids "
+                    f"{', '.join(map(str, ended))})")
+        run["state"] = "running"
+        save(run_dir, run)
+        return _run_pending(spec, run, run_dir, base_env, on_progress, on_start)
+
+
+def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_progress, on_start) -> AbResult:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # started with SIGINT ignored: resumable anyway
+    configs = {c["name"]: c for c in run["configs"]}
+    pending = [l for l in run["launches"] if l["status"] == PENDING]
+    if on_start and pending:
+        on_start(f"run folder {run_dir}: {len(pending)} launch(es) to run ({len(configs)} arms x "
+                 f"{spec.rounds} rounds, shuffled within each round)")
+    walls: list[float] = []
+    interrupted = False
+    for n, launch in enumerate(pending, 1):
+        try:
+            one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env)
+        except KeyboardInterrupt:
+            for key in list(launch):
+                if key not in LAUNCH_KEYS:
+                    launch.pop(key)
+            launch["status"] = PENDING
+            interrupted = True
+            break
+        finally:
+            save(run_dir, run)
+        walls.append(launch.get("wall_s", 0.0))
+        if on_progress:
+            on_progress(Progress(n, len(pending), launch, (len(pending) - n) * sum(walls) / len(walls)))
+    run["state"] = "interrupted" if interrupted else "complete"
+    run["finished_utc"] = None if interrupted else _utc()
+    save(run_dir, run)
+    counts: dict[str, int] = {}
+    for l in run["launches"]:
+        counts[l["status"]] = counts.get(l["status"], 0) + 1
+    return AbResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict) -> None:
+    """One launch, recorded into ``launch``; KeyboardInterrupt propagates after every process is ended."""
+    t0 = time.monotonic()
+    folder = run_dir / "launches" / f"{launch['index']:04d}"
+    if folder.exists():  # left by an interrupted attempt: start clean
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    marker = launcher.new_marker()
+    launch["marker"] = marker
+    launch["started_utc"] = _utc()
+    save(run_dir, run)  # the marker is on disk before any process carries it
+    subst = {"launch_dir": str(folder.resolve()), "python": sys.executable}
+    uses_port = any("{port}" in a for a in (*spec.command, *(spec.server.command if spec.server else ()),
+                                            spec.server.ready_url or "" if spec.server else ""))
+    if uses_port:
+        subst["port"] = _free_port()
+    env = {**base_env, **config["env"], launcher.MARKER: marker}
+    srv = spec.server
+    if srv and srv.require_nccl_proof:
+        env.update(NCCL_PROOF_ENV)
+    cmd = [presets.substitute(a, subst) for a in spec.command]
+    proc = None
+    errors: list[str] = []
+    started_wall = time.time()
+    try:
+        if srv:
+            proc = server.start([presets.substitute(a, subst) for a in srv.command], env, folder / "server.log")
+            ready_s, why = server.wait_ready(proc, folder / "server.log",
+                                             presets.substitute(srv.ready_url, subst) if srv.ready_url else None,
+                                             srv.ready_log, srv.ready_timeout_s)
+            launch["server_ready_s"] = None if ready_s is None else round(ready_s, 3)
+            if why:
+                errors.append(why)
+            for w in range(srv.warmup_runs if not errors else 0):
+                code, timed_out, _ = server.run_command(cmd, env, folder / f"warmup{w}.stdout.txt",
+                                                        folder / f"warmup{w}.stderr.txt", spec.timeout_s)
+                if code != 0:
+                    errors.append(f"warmup run {w + 1} " + (f"timed out after {spec.timeout_s:g}s" if timed_out
+                                                             else f"exited with code {code}"))
+                    break
+            _clear_results(spec, subst)
+        if not errors:
+            started_wall = time.time()
+            code, timed_out, wall = server.run_command(cmd, env, folder / "stdout.txt", folder / "stderr.txt",
+                                                       spec.timeout_s)
+            launch["command_s"] = round(wall, 3)
+            launch["exit_code"] = code
+            if timed_out:
+                errors.append(f"the command was killed after the {spec.timeout_s:g}s deadline")
+            elif code != 0:
+                errors.append(f"the command exited with code {code}")
+            if proc is not None and proc.poll() is not None:
+                errors.append(f"the server exited (code {proc.returncode}) during the measured run")
+    finally:
+        if proc is not None:
+            stopped = server.stop_group(proc, ((signal.SIGINT, srv.stop_timeout_s),
+                                               (signal.SIGTERM, srv.stop_timeout_s)))
+            launch["server_stop"] = stopped.signal
+            if stopped.killed:
+                errors.append(f"the server outlived its stop (SIGINT and SIGTERM, {srv.stop_timeout_s:g}s each): "
+                              "killed with SIGKILL")
+        left = server.kill_marked(marker)
+        if left:
+            launch["killed_survivors"] = left
+    if not errors:
+        values, missing = read_metrics(spec, folder, subst, started_wall)
+        launch["values"] = values
+        errors += missing
+    if not errors and srv and srv.require_nccl_proof:
+        proof, why = nccl_proof(folder / "server.log", config["env"])
+        launch["nccl_proof"] = proof
+        if why:
+            errors.append(why)
+    launch["wall_s"] = round(time.monotonic() - t0, 3)
+    launch["status"] = FAILED if errors else OK
+    if errors:
+        launch["error"] = "; ".join(errors)
+        launch["tail"] = _tail(folder)
+
+
+def _clear_results(spec: AbSpec, subst: dict) -> None:
+    """Result files the warmup runs wrote are not the measured run's (JSON lines append)."""
+    for m in spec.metrics:
+        if m.file:
+            path = Path(presets.substitute(m.file, subst))
+            if str(path).startswith(subst["launch_dir"] + os.sep) and path.is_file():
+                path.unlink()
+
+
+def read_metrics(spec: AbSpec, folder: Path, subst: dict, not_before: float) -> tuple[dict, list[str]]:
+    values, missing = {}, []
+    stdout = None
+    for m in spec.metrics:
+        if m.regex:
+            if stdout is None:
+                stdout = presets._read_tail(str(folder / "stdout.txt"))
+            v, why = presets.from_stdout(stdout, m.regex)
+        else:
+            v, why = presets.from_file(presets.substitute(m.file, subst), m.field, m.aliases, not_before)
+        if v is None:
+            missing.append(f"{m.name}: {why}")
+        else:
+            values[m.name] = v
+    return values, missing
+
+
+def nccl_proof(log: Path, arm_env: dict[str, str]) -> tuple[dict, str | None]:
+    """Every NCCL process in the server's log applied every NCCL_* value of the arm (explain --log's
+    parser); (what it found, why not proven or None)."""
+    from ..nccl import logreport
+
+    wanted = {k: v for k, v in arm_env.items() if k.startswith("NCCL_") and k not in NCCL_PROOF_ENV}
+    try:
+        report = logreport.explain_logs([log])
+    except CommdiagError as e:
+        return {}, f"no NCCL proof: {e}"
+    procs = report.processes
+    nranks = max((c.get("nranks") or 0 for p in procs for c in p["comms"]), default=0)
+    found = {"processes": len(procs), "nranks": nranks, "applied": report.applied}
+    if not procs:
+        return found, "no NCCL proof: the server's log has no NCCL line (did it initialise NCCL?)"
+    if nranks and len(procs) < nranks:
+        return found, f"no NCCL proof: the log shows {len(procs)} of {nranks} ranks"
+    for p in procs:
+        for name, want in wanted.items():
+            got = p["applied"].get(name)
+            if got != want:
+                return found, (f"no NCCL proof: pid {p['pid']} logged {name}="
+                               f"{got if got is not None else '(nothing)'}, the arm sets {want}")
+    return found, None
+
+
+def _tail(folder: Path) -> str:
+    parts = []
+    for name in ("stderr.txt", "server.log"):
+        p = folder / name
+        if p.exists():
+            try:
+                text = presets._read_tail(str(p))[-TAIL_CHARS:]
+            except OSError:
+                continue
+            if text.strip():
+                parts.append(f"--- {name} ---\n{text}")
+    return "\n".join(parts)

@@ -1,0 +1,202 @@
+"""Verdicts of an A/B: per arm and metric against default, paired within rounds.  Pure, no I/O.
+
+The design randomizes within rounds (every arm once per round, in a shuffled order), so the test
+that matches it is paired (analyse/paired.py): per round where both launches succeeded,
+d = ln(arm's value) - ln(default's value); the exact Wilcoxon signed-rank p (two-sided), the
+Hodges-Lehmann estimate of d (the median of the Walsh averages) as the ratio, and its exact
+interval.  Drift between rounds and position effects inside a round cancel in d.
+
+Family: metrics x arms (M claims) at 1% family-wise.  p is judged by Holm's step-down; every
+interval is at level 1 - 1%/M (Bonferroni), so all M intervals hold together with probability
+>= 99%, and every verdict below is wrong only when an interval misses its truth:
+
+* better / worse: Holm's p within its threshold, and the whole interval beyond min_effect;
+* equivalent: the whole interval within +-min_effect (two one-sided tests through the interval);
+* inconclusive: neither; with the rounds that would decide it at the measured noise.
+
+Rounds needed: by simulation of the same interval on normal round log-ratios at the measured sd
+(fixed seed, up to SIM_MAX rounds), by the normal approximation at the signed-rank efficiency
+3/pi beyond.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from ..analyse import paired, stats
+
+SIM_DRAWS = 1000
+SIM_MAX = 40
+SIM_SEED = 20261201
+TARGET = 0.80  # "about N rounds": 80% chance of the verdict
+BETTER, WORSE, EQUIVALENT, INCONCLUSIVE = "better", "worse", "equivalent", "inconclusive"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    config: str
+    metric: str
+    better: str  # the metric's direction: higher | lower
+    verdict: str
+    ratio: float | None  # arm / default (Hodges-Lehmann of the paired log-ratios)
+    interval: tuple[float, float] | None  # of the ratio, at 1 - alpha / M
+    p: float | None
+    threshold: float | None  # Holm's threshold at this claim's step
+    rounds: int  # complete pairs used
+    noise: float | None  # sd of the round log-ratios
+    rounds_needed: int | None  # for a decision at the measured noise (inconclusive / equivalent)
+    note: str = ""
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["interval"] = list(self.interval) if self.interval else None
+        return d
+
+
+def pairs(launches: list[dict], config: str, metric: str, reference: str = stats.DEFAULT) -> list[tuple[int, float, float]]:
+    """(round, arm value, default value) for every round where both launches are ok with the metric."""
+    by = {}
+    for l in launches:
+        if l.get("status") == "ok" and metric in (l.get("values") or {}):
+            by[(l["config"], l["round"])] = l["values"][metric]
+    return [(r, by[(config, r)], by[(reference, r)]) for (c, r) in sorted(by, key=lambda k: k[1])
+            if c == config and (reference, r) in by]
+
+
+def judge(launches: list[dict], arms: list[str], metrics: list[tuple[str, str]], min_effect: float,
+          alpha: float = stats.ALPHA) -> list[Verdict]:
+    """Every (arm, metric) claim: ``metrics`` is [(name, higher|lower)]; ``arms`` excludes default."""
+    import numpy as np
+
+    m_claims = max(len(arms) * len(metrics), 1)
+    tail = alpha / (2 * m_claims)
+    raw = []
+    for arm in arms:
+        for name, better in metrics:
+            pr = pairs(launches, arm, name)
+            d = np.array([math.log(a) - math.log(b) for _, a, b in pr])
+            p = paired.signed_rank_p(d, stats.TWO_SIDED) if len(d) else None
+            raw.append((arm, name, better, d, p))
+    # Holm: the k-th smallest p against alpha / (M - k + 1); stop at the first that fails
+    order = sorted(range(len(raw)), key=lambda i: (raw[i][4] is None, raw[i][4] if raw[i][4] is not None else 1))
+    holm_ok, threshold = {}, {}
+    going = True
+    for k, i in enumerate(order):
+        threshold[i] = alpha / (m_claims - k)
+        p = raw[i][4]
+        going = going and p is not None and p <= threshold[i] * (1 + 1e-9)
+        holm_ok[i] = going
+    out = []
+    for i, (arm, name, better, d, p) in enumerate(raw):
+        out.append(_one(arm, name, better, d, p, threshold[i], holm_ok[i], min_effect, tail, alpha / m_claims))
+    return out
+
+
+def _one(arm, name, better, d, p, threshold, significant, delta, tail, alpha_m) -> Verdict:
+    n = len(d)
+    need_min = paired.rounds_to_reach(alpha_m, stats.TWO_SIDED)
+    sd = float(d.std(ddof=1)) if n >= 2 else None
+    if n == 0:
+        return Verdict(arm, name, better, INCONCLUSIVE, None, None, None, threshold, 0, None, need_min,
+                       "no round where both launches succeeded")
+    hl = paired.hodges_lehmann(d)
+    ci = paired.interval(d, tail)
+    ratio = math.exp(hl)
+    if ci is None:
+        return Verdict(arm, name, better, INCONCLUSIVE, ratio, None, p, threshold, n, sd,
+                       max(need_min, _needed(sd, hl, delta, tail)),
+                       f"{n} complete rounds: the exact test needs at least {need_min}")
+    lo, hi = math.exp(ci[0]), math.exp(ci[1])
+    up, down = 1 + delta, 1 - delta
+    if significant and (lo > up or hi < down):
+        higher = lo > up
+        verdict = BETTER if higher == (better == "higher") else WORSE
+        return Verdict(arm, name, better, verdict, ratio, (lo, hi), p, threshold, n, sd, None)
+    if down <= lo and hi <= up:
+        return Verdict(arm, name, better, EQUIVALENT, ratio, (lo, hi), p, threshold, n, sd,
+                       _needed(sd, 0.0, delta, tail), "")
+    note = ("differs from default (p within its threshold) but the interval reaches inside "
+            f"+-{delta:.0%}" if significant else "")
+    return Verdict(arm, name, better, INCONCLUSIVE, ratio, (lo, hi), p, threshold, n, sd,
+                   _needed(sd, hl, delta, tail), note)
+
+
+def _needed(sd: float | None, effect: float, delta: float, tail: float) -> int | None:
+    """Rounds for about 80% chance of a decision when the true log-ratio is ``effect`` with round sd
+    ``sd``: equivalence when |effect| is inside the margin, a difference when beyond it."""
+    if sd is None:
+        return None
+    # two significant digits of the noise and effect: the answer is "about N", and the cache then hits
+    return rounds_for(float(f"{sd:.2g}"), float(f"{abs(effect):.2g}"), round(math.log(1 + delta), 6),
+                      round(-math.log(1 - delta), 6), tail)
+
+
+@lru_cache(maxsize=512)
+def rounds_for(sd: float, effect: float, edge_up: float, edge_down: float, tail: float) -> int | None:
+    from scipy.stats import norm
+
+    n0 = max(2, paired.rounds_to_reach(2 * tail, stats.TWO_SIDED))
+    equivalence = effect < edge_up
+    margin = (edge_up - effect) if equivalence else (effect - edge_up)
+    if margin <= 1e-6:
+        return None  # the effect sits on the margin: no number of rounds decides it reliably
+    if sd <= 0:
+        return n0
+    z = norm.isf(tail) + norm.ppf(1 - (1 - TARGET) / (2 if equivalence and effect == 0 else 1))
+    rough = math.pi / 3 * (z * sd / margin) ** 2
+    if rough > 10 ** 7:
+        return None
+    if rough > 2 * SIM_MAX or decision_rate(sd, effect, edge_up, edge_down, tail, SIM_MAX, equivalence) < TARGET:
+        return max(math.ceil(rough), SIM_MAX + 1)  # beyond the simulated range: the normal approximation
+    lo, hi = n0, SIM_MAX
+    while lo < hi:  # bisect: the chance of a decision grows with the rounds (small steps aside)
+        mid = (lo + hi) // 2
+        if decision_rate(sd, effect, edge_up, edge_down, tail, mid, equivalence) >= TARGET:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+@lru_cache(maxsize=64)
+def _draws(n: int):
+    import numpy as np
+
+    return np.random.default_rng(SIM_SEED + n).standard_normal((SIM_DRAWS, n))
+
+
+def decision_rate(sd, effect, edge_up, edge_down, tail, n, equivalence: bool) -> float:
+    """Share of simulated n-round runs (normal d, mean ``effect``, sd ``sd``) whose interval decides:
+    inside [-edge_down, edge_up] (equivalence), or wholly beyond edge_up."""
+    import numpy as np
+
+    c = paired.critical_count(n, tail)
+    if c is None:
+        return 0.0
+    d = _draws(n) * sd + effect
+    i, j = np.triu_indices(n)
+    w = np.sort((d[:, i] + d[:, j]) / 2.0, axis=1)
+    lo, hi = w[:, c], w[:, w.shape[1] - 1 - c]
+    ok = (lo >= -edge_down) & (hi <= edge_up) if equivalence else (lo > edge_up)
+    return float(ok.mean())
+
+
+def drift(values: list[tuple[int, float]], min_effect: float) -> str | None:
+    """A named drift of one arm over the run (default above all): Spearman's rho of value vs round
+    with p < 1%, and the last third's median differing from the first third's by more than
+    min_effect.  Paired rounds keep the verdicts valid; the drift is named so nobody reads the
+    early numbers as the baseline."""
+    from scipy.stats import spearmanr
+
+    if len(values) < 6:
+        return None
+    vals = [v for _, v in sorted(values)]
+    rho, p = spearmanr(range(len(vals)), vals)
+    k = len(vals) // 3
+    first, last = stats.median(vals[:k]), stats.median(vals[-k:])
+    if p is not None and p < 0.01 and abs(last / first - 1) > min_effect:
+        return (f"drifted from {first:.4g} to {last:.4g} over the run ({last / first - 1:+.1%}; Spearman "
+                f"rho {rho:+.2f}); each round's pair saw the same machine, so the verdicts hold")
+    return None

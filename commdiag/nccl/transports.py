@@ -1,0 +1,516 @@
+"""Which transport NCCL connected each pair of GPUs with, per channel, from its own INFO lines.
+
+NCCL prints one line per connection it sets up (subsystem INIT, also P2P/SHM/NET).  The forms,
+read in NVIDIA/nccl at tags v2.18.1-1 .. v2.28.9-1 (``src/transport/{p2p,shm,net,coll_net}.cc``)::
+
+    Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM                 p2p.cc, cuMem (NCCL_CUMEM_ENABLE)
+    Channel 00/1 : 0[0] -> 1[1] via P2P/CUMEM/read            /read: P2P read (NVLink default)
+    Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/CE              /CE: copy engine (NCCL_P2P_USE_CUDA_MEMCPY)
+    Channel 00/0 : 0[0] -> 1[1] via P2P/MNNVL                 2.20+: multi-node NVLink
+    Channel 00/0 : 0[0] -> 1[1] via P2P/IPC[/read][/CE]       legacy CUDA IPC (cuMem off)
+    Channel 00/0 : 0[0] -> 1[1] via P2P/direct pointer[/read] both GPUs in one process
+    Channel 00/0 : 0[0] -> 2[2] via P2P/indirect/1[1][/read]  through an intermediate GPU
+    Channel 00 : 0[0] -> 1[1] via SHM/direct/direct           shm.cc: host memory; CE on either side
+    Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0       net.cc: printed by the sender ...
+    Channel 00/0 : 0[0] -> 1[1] [receive] via NET/IB/0/GDRDMA ... and again by the receiver
+    Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0(2)/GDRDMA(PCI)/Shared   (N): PXN proxy rank;
+                                                              (PCI): 2.26+ GDR over PCI; /Shared buffers
+    CollNet 00/0 : 0 [send] via COLLNET/SHARP/0/GDRDMA        coll_net.cc: not a GPU pair
+
+``CH/CONN``: channel and connection index (0 for rings/trees; 1 for the second connection of a
+pair, used by P2P operations and CollNet).  The bracket is the GPU's NVML index (``nvmlDev``) since
+2.18.3; in 2.18.1 it was the PCI bus id in hex (``%lx``), and for P2P/CUMEM the CUDA device in hex.
+P2P and SHM lines are printed only by the sender; NET lines by both ends.
+
+Around them, per communicator (``src/init.cc``, ``src/graph/rings.cc``, ``src/transport/generic.cc``):
+``comm 0x.. rank R nRanks N nNodes K localRanks L localRank l MNNVL m`` (2.20+), ``Channel 00/24 :
+0 1 2 3`` (each ring's order, printed by rank 0 only; cut with ``...`` past 128 characters),
+``Trees [0] 1/-1/-1->0->-1 ...`` (per channel: children/.../->rank->parent), ``Connected all rings``
+(2.24+: ``, use ring PXN P GDR G``), ``Connected all trees``, ``Connected NVLS tree``, ``rank R
+Connected CollNet``, ``N coll channels, [M collnet channels, ]K nvls channels, ...`` and the init lines
+``[FUNC ]comm 0x.. rank R nranks N cudaDev C [nvmlDev V ]busId B ... - Init START|COMPLETE``.
+
+Since 2.22 NCCL connects at the first collective that needs a connection (NCCL_RUNTIME_CONNECT=1):
+a log shows the connections of the algorithms that ran, e.g. tree connections only if Tree ran.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import asdict, dataclass, field
+
+from .ncclog import _PREFIX
+
+_CONN = re.compile(r"^Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<sdev>[0-9a-fA-F]+)\] -> "
+                   r"(?P<dst>\d+)\[(?P<ddev>[0-9a-fA-F]+)\](?: \[(?P<side>send|receive)\])? via (?P<via>\S.*?)\s*$")
+_RING = re.compile(r"^Channel (?P<ch>\d+)/(?P<n>\d+) :(?P<body>[\s\d]*?)(?P<cut>\.\.\.)?\s*$")
+_TREES = re.compile(r"^Trees(?P<body>(?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)*)")
+_TREE = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)")
+_COMM = re.compile(r"^comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) "
+                   r"nNodes (?P<nnodes>\d+) localRanks (?P<lranks>\d+) localRank (?P<lrank>\d+)"
+                   r"(?: MNNVL (?P<mnnvl>\d+))?")
+_INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
+                   r"(?: nvmlDev (?P<nvml>\d+))? busId (?P<bus>[0-9a-fA-F]+)\b.*- Init (?P<what>START|COMPLETE)$")
+_CONNECTED = re.compile(r"^(?:rank \d+ )?Connected (?P<what>all rings|all trees|NVLS tree|CollNet|Collnet Chains|"
+                        r"collnet \+ chain)(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?")
+_CHANNELS = re.compile(r"^(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?(?P<nvls>\d+) nvls "
+                       r"channels, (?P<p2p>\d+) p2p channels, (?P<peer>\d+) p2p channels per peer")
+_COLLNET = re.compile(r"^CollNet (?P<ch>\d+)/(?P<conn>\d+) : (?P<rank>\d+) \[(?P<side>send|receive)\] via "
+                      r"(?P<via>COLLNET/\S.*?)\s*$")
+_NVLS = re.compile(r"^NVLS multicast support is (?P<not>not )?available on dev (?P<dev>\d+)"
+                   r"(?: \(NVLS_NCHANNELS (?P<n>\d+)\))?")
+_P2P_OFF = re.compile(r"^P2P is disabled between connected GPUs (?P<a>\d+) and (?P<b>\d+)")
+_VERSION = re.compile(r"^NCCL version (?P<v>\d+)\.(?P<m>\d+)\.(?P<p>\d+)")
+
+P2P, SHM, NET = "P2P", "SHM", "NET"
+
+
+@dataclass(frozen=True)
+class Connection:
+    """One ``Channel ... via ...`` line: a connection from one rank's GPU to another's on one channel."""
+
+    channel: int
+    conn_index: int | None  # None: SHM prints no connection index
+    src_rank: int
+    src_gpu: str  # "3" (NVML index), or "bus:3b000" where NCCL printed a PCI bus id (2.18.1)
+    dst_rank: int
+    dst_gpu: str
+    via: str  # what follows "via", verbatim: "P2P/CUMEM/read", "SHM/direct/direct", "NET/IB/0/GDRDMA"
+    side: str | None = None  # NET: "send" or "receive" (which end printed it)
+
+    @property
+    def kind(self) -> str:
+        """P2P, SHM, NET (or what NCCL printed before the first slash)."""
+        return self.via.split("/", 1)[0]
+
+
+@dataclass
+class Comm:
+    """One communicator as one rank saw it at init (a process may hold several)."""
+
+    comm: str
+    rank: int | None = None
+    nranks: int | None = None
+    nnodes: int | None = None
+    local_ranks: int | None = None
+    mnnvl: int | None = None
+    cuda_dev: int | None = None
+    nvml_dev: int | None = None
+    bus_id: str | None = None
+    rings: dict[int, list[int]] = field(default_factory=dict)  # channel -> ring order (rank 0 prints them)
+    rings_cut: bool = False  # NCCL cut a ring line short ("..."): orders are partial
+    trees: dict[int, tuple[list[int], int]] = field(default_factory=dict)  # channel -> (children, parent)
+    channels: dict[str, int] = field(default_factory=dict)  # coll, collnet, nvls, p2p, p2p_per_peer
+
+
+@dataclass
+class ProcessTransports:
+    """What one NCCL process said about its connections."""
+
+    host: str
+    pid: int
+    device: int
+    version: str | None = None
+    comms: list[Comm] = field(default_factory=list)
+    connections: list[Connection] = field(default_factory=list)
+    connected: list[str] = field(default_factory=list)  # "all rings (PXN 0, GDR 1)", "all trees", ...
+    collnet: list[str] = field(default_factory=list)  # CollNet lines, verbatim after the prefix
+    nvls: list[str] = field(default_factory=list)  # NVLS availability lines
+    p2p_disabled: list[tuple[int, int]] = field(default_factory=list)  # NCCL: P2P disabled by NVML
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for c in d["comms"]:
+            c["rings"] = {str(k): v for k, v in c["rings"].items()}
+            c["trees"] = {str(k): {"children": v[0], "parent": v[1]} for k, v in c["trees"].items()}
+        return d
+
+
+def _version_tuple(text: str | None) -> tuple[int, int, int] | None:
+    m = _VERSION.match(f"NCCL version {text}") if text else None
+    return (int(m["v"]), int(m["m"]), int(m["p"])) if m else None
+
+
+class _State:
+    """Parser state: processes by (host, pid), and the communicator each thread last initialised."""
+
+    def __init__(self) -> None:
+        self.procs: dict[tuple[str, int], ProcessTransports] = {}
+        self.current: dict[tuple[str, int, int], Comm] = {}  # (host, pid, tid) -> comm being initialised
+        self.by_ptr: dict[tuple[str, int, str], Comm] = {}
+
+    def comm(self, host: str, pid: int, ptr: str) -> Comm:
+        key = (host, pid, ptr)
+        if key not in self.by_ptr:
+            self.by_ptr[key] = Comm(ptr)
+            self.procs[(host, pid)].comms.append(self.by_ptr[key])
+        return self.by_ptr[key]
+
+
+def feed(state: _State, line: str) -> bool:
+    """Take one log line; True when it was a line this module reads."""
+    m = _PREFIX.match(line.strip())
+    if not m or m["level"] != "INFO":
+        return False
+    host, pid, tid, msg = m["host"], int(m["pid"]), int(m["tid"]), m["msg"]
+    proc = state.procs.get((host, pid))
+    if proc is None:
+        proc = state.procs[(host, pid)] = ProcessTransports(host, pid, int(m["dev"]))
+    if msg.startswith("Channel "):
+        if (c := _CONN.match(msg)):
+            proc.connections.append(Connection(
+                int(c["ch"]), int(c["conn"]) if c["conn"] is not None else None, int(c["src"]), c["sdev"],
+                int(c["dst"]), c["ddev"], c["via"], c["side"]))
+            return True
+        if (r := _RING.match(msg)):
+            comm = state.current.get((host, pid, tid))
+            if comm is None:
+                comm = state.comm(host, pid, f"unnamed-{tid}")
+                state.current[(host, pid, tid)] = comm
+            ranks = r["body"].split()
+            if r["cut"]:
+                comm.rings_cut = True
+                if r["body"] and not r["body"][-1].isspace() and ranks:
+                    ranks = ranks[:-1]  # NCCL wrote "..." over the end of the last number
+            comm.rings[int(r["ch"])] = [int(x) for x in ranks]
+            return True
+        return False
+    if (v := _VERSION.match(msg)):
+        proc.version = msg[len("NCCL version "):].split()[0]
+        return True
+    if (c := _COMM.match(msg)):
+        comm = state.comm(host, pid, c["comm"])
+        comm.rank, comm.nranks, comm.nnodes = int(c["rank"]), int(c["nranks"]), int(c["nnodes"])
+        comm.local_ranks = int(c["lranks"])
+        comm.mnnvl = int(c["mnnvl"]) if c["mnnvl"] is not None else None
+        state.current[(host, pid, tid)] = comm
+        return True
+    if (i := _INIT.search(msg)):
+        comm = state.comm(host, pid, i["comm"])
+        comm.rank, comm.nranks, comm.cuda_dev = int(i["rank"]), int(i["nranks"]), int(i["cuda"])
+        comm.nvml_dev = int(i["nvml"]) if i["nvml"] is not None else None
+        comm.bus_id = i["bus"].lower()
+        if i["what"] == "START":
+            state.current[(host, pid, tid)] = comm
+        return True
+    if (t := _TREES.match(msg)):
+        comm = state.current.get((host, pid, tid)) or state.comm(host, pid, f"unnamed-{tid}")
+        for ch, d0, d1, d2, _rank, up in _TREE.findall(t["body"]):
+            comm.trees[int(ch)] = ([int(x) for x in (d0, d1, d2) if int(x) >= 0], int(up))
+        return True
+    if (c := _CHANNELS.match(msg)):
+        comm = state.current.get((host, pid, tid))
+        if comm is not None:
+            comm.channels = {k: int(v) for k, v in (("coll", c["coll"]), ("collnet", c["collnet"]),
+                                                      ("nvls", c["nvls"]), ("p2p", c["p2p"]),
+                                                      ("p2p_per_peer", c["peer"])) if v is not None}
+        return True
+    if (c := _CONNECTED.match(msg)):
+        what = c["what"] + (f" (PXN {c['pxn']}, GDR {c['gdr']})" if c["pxn"] is not None else "")
+        proc.connected.append(what)
+        return True
+    if _COLLNET.match(msg):
+        proc.collnet.append(msg)
+        return True
+    if _NVLS.match(msg):
+        proc.nvls.append(msg)
+        return True
+    if (p := _P2P_OFF.match(msg)):
+        proc.p2p_disabled.append((int(p["a"]), int(p["b"])))
+        return True
+    return False
+
+
+def parse_lines(lines) -> dict[tuple[str, int], ProcessTransports]:
+    """(host, pid) -> ProcessTransports for every NCCL process in ``lines`` (other lines ignored)."""
+    state = _State()
+    for line in lines:
+        feed(state, line)
+    bus = {(h, c.bus_id): c.cuda_dev for (h, _), p in state.procs.items() for c in p.comms
+           if c.bus_id and c.cuda_dev is not None}
+    for proc in state.procs.values():
+        _resolve_gpus(proc, {b: d for (h, b), d in bus.items() if h == proc.host})
+    return {k: p for k, p in state.procs.items() if p.connections or p.comms or p.version}
+
+
+def parse(text: str) -> dict[tuple[str, int], ProcessTransports]:
+    return parse_lines(text.splitlines())
+
+
+def _resolve_gpus(proc: ProcessTransports, bus: dict[str, int]) -> None:
+    """NCCL 2.18.0-2.18.2 printed PCI bus ids (hex) in the brackets: map them to GPU indexes through the
+    init lines of every process on the host (``bus``: busId -> cudaDev), else mark them as bus ids."""
+    v = _version_tuple(proc.version)
+    if v is None or v >= (2, 18, 3):
+        return
+
+    def gpu(text: str, via: str) -> str:
+        if via.startswith("P2P/CUMEM"):
+            return str(int(text, 16))  # 2.18.1 printed cudaDev with %x for P2P/CUMEM
+        found = bus.get(text.lower())
+        return str(found) if found is not None else f"bus:{text.lower()}"
+
+    proc.connections = [Connection(c.channel, c.conn_index, c.src_rank, gpu(c.src_gpu, c.via), c.dst_rank,
+                                   gpu(c.dst_gpu, c.via), c.via, c.side) for c in proc.connections]
+
+
+# --------------------------------------------------------------------------- the GPU x GPU matrix
+
+
+def short_label(via: str) -> str:
+    """A matrix cell's name for a transport: P2P (cuMem or IPC: the same path), P2P/read, SHM, NET/IB/GDR."""
+    parts = via.split("/")
+    kind = parts[0]
+    rest = parts[1:]
+    if kind == P2P:
+        flags = [p for p in rest if p in ("read", "CE")]
+        if rest and rest[0] == "indirect":
+            via_gpu = rest[1].split("[")[-1].rstrip("]") if len(rest) > 1 else "?"
+            return "/".join([f"P2P>{via_gpu}", *flags])
+        mech = {"direct pointer": "ptr", "MNNVL": "MNNVL"}.get(rest[0] if rest else "", "")
+        return "/".join(x for x in (P2P, mech, *flags) if x)
+    if kind == SHM:
+        ce = [p for p in rest if p == "CE"]
+        return "SHM/CE" if ce else SHM
+    if kind == NET:
+        name = rest[0] if rest else "?"
+        gdr = "/GDR" if any(p.startswith("GDRDMA") for p in rest) else ""
+        return f"NET/{name}{gdr}"
+    return via[:12]
+
+
+@dataclass(frozen=True)
+class PairTransport:
+    """What NCCL used from one GPU to another: each transport (verbatim) with the channels it served."""
+
+    src: str
+    dst: str
+    channels: dict[str, list[list]]  # via -> sorted [channel, conn_index] pairs
+
+    @property
+    def labels(self) -> dict[str, int]:
+        """short label -> number of (channel, connection) slots it served."""
+        out: dict[str, int] = {}
+        for via, slots in self.channels.items():
+            out[short_label(via)] = out.get(short_label(via), 0) + len(slots)
+        return out
+
+    def cell(self) -> str:
+        labels = self.labels
+        if len(labels) == 1:
+            return next(iter(labels))
+        return "+".join(f"{k}{v}" for k, v in sorted(labels.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def pairs(procs) -> dict[tuple[str, str], PairTransport]:
+    """(src GPU, dst GPU) -> PairTransport over every process (a connection line is printed by its sender;
+    NET lines by both ends: the sender's line is used, the receiver's only where the sender's log is missing)."""
+    send: dict[tuple[str, str], dict[str, set]] = {}
+    recv: dict[tuple[str, str], dict[str, set]] = {}
+    for proc in procs:
+        for c in proc.connections:
+            into = recv if c.side == "receive" else send
+            into.setdefault((c.src_gpu, c.dst_gpu), {}).setdefault(c.via, set()).add(
+                (c.channel, -1 if c.conn_index is None else c.conn_index))
+    for key, vias in recv.items():
+        if key not in send:
+            send[key] = vias
+    return {k: PairTransport(k[0], k[1], {via: sorted([list(s) for s in slots]) for via, slots in sorted(v.items())})
+            for k, v in sorted(send.items(), key=lambda kv: (_gpu_key(kv[0][0]), _gpu_key(kv[0][1])))}
+
+
+def _gpu_key(g: str):
+    return (0, int(g), "") if g.isdigit() else (1, 0, g)
+
+
+def matrix_json(procs) -> dict:
+    """run.json / --json form: every pair's transports and channels, plus the matrix cells."""
+    found = pairs(procs)
+    return {"gpus": _gpus(found), "pairs": [{"src": p.src, "dst": p.dst, "cell": p.cell(), "transports": p.channels}
+                                           for p in found.values()]}
+
+
+def _gpus(found) -> list[str]:
+    return sorted({g for k in found for g in k}, key=_gpu_key)
+
+
+WIDTH = 100
+
+
+def render_matrix(data: dict, indent: str = "  ") -> list[str]:
+    """The GPU x GPU matrix of ``matrix_json`` within 100 columns (8 GPUs: 11-column cells; more GPUs:
+    one letter per cell), then what each cell name stands for and the channel counts where a pair mixes."""
+    gpus, cells = data["gpus"], {(p["src"], p["dst"]): p for p in data["pairs"]}
+    if not gpus:
+        return [f"{indent}no connection lines (NCCL prints them with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS "
+                "including INIT, when the first collective connects)"]
+    name = lambda g: f"GPU{g}" if g.isdigit() else g[:8]
+    first = max(6, max(len(name(g)) for g in gpus) + 1)
+    cw = max(5, max([len(p["cell"]) for p in data["pairs"]] + [len(name(g)) for g in gpus]) + 1)
+    cw = min(cw, 11)
+    letters = len(indent) + first + cw * len(gpus) > WIDTH
+    if letters:
+        cw = 2
+    head = f"{indent}{'from/to':<{first}}" + "".join(f"{(name(g) if not letters else g[-1]):>{cw}}" for g in gpus)
+    lines = [head.rstrip()]
+    for a in gpus:
+        row = []
+        for b in gpus:
+            p = cells.get((a, b))
+            text = "-" if a == b else "." if p is None else p["cell"]
+            if letters and p is not None:
+                text = text[0] if len(_labels_of(p)) == 1 else "*"
+            row.append(f"{text[:cw - 1]:>{cw}}")
+        lines.append(f"{indent}{name(a):<{first}}" + "".join(row))
+    lines += _legend(data["pairs"], indent, letters)
+    return [l[:WIDTH] if len(l) > WIDTH else l for l in lines]
+
+
+def _labels_of(p: dict) -> set[str]:
+    return {short_label(v) for v in p["transports"]}
+
+
+def _legend(pair_list: list[dict], indent: str, letters: bool) -> list[str]:
+    """One line per cell name: the transports as NCCL printed them, how many pairs, channels per pair."""
+    by_label: dict[str, dict[str, list[int]]] = {}
+    for p in pair_list:
+        for via, slots in p["transports"].items():
+            by_label.setdefault(short_label(via), {}).setdefault(via, []).append(len(slots))
+    out = ["", f"{indent}'.': no connection seen; row: sending GPU, column: receiving GPU"]
+    for label, vias in sorted(by_label.items()):
+        for via, counts in sorted(vias.items()):
+            lo, hi = min(counts), max(counts)
+            ch = f"{lo}" if lo == hi else f"{lo}-{hi}"
+            key = f"{label[0]} = " if letters else f"{label} = "
+            out.append(f"{indent}{key}{via[:60]}: {len(counts)} pair(s), {ch} channel(s) each")
+    mixed = [p for p in pair_list if len(p["transports"]) > 1]
+    for p in mixed[:16]:
+        parts = ", ".join(f"{via[:40]} on {len(slots)}" for via, slots in p["transports"].items())
+        out.append(f"{indent}{p['src']}->{p['dst']} mixes transports by channel: {parts}")
+    if len(mixed) > 16:
+        out.append(f"{indent}... and {len(mixed) - 16} more pairs that mix transports")
+    return out
+
+
+def diff(default: dict, other: dict, baseline: str = "default") -> list[str]:
+    """What ``other`` changed against ``default``, grouped: "pairs 0->4, 1->5 moved from SHM to P2P"."""
+    a = {(p["src"], p["dst"]): p["cell"] for p in default["pairs"]}
+    b = {(p["src"], p["dst"]): p["cell"] for p in other["pairs"]}
+    moved: dict[tuple, list[str]] = {}
+    for key in sorted(set(a) | set(b), key=lambda k: (_gpu_key(k[0]), _gpu_key(k[1]))):
+        old, new = a.get(key), b.get(key)
+        if old != new:
+            moved.setdefault((old, new), []).append(f"{key[0]}->{key[1]}")
+    out = []
+    for (old, new), names in moved.items():
+        shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+        pairs_ = f"pair{'s' if len(names) > 1 else ''} {shown}"
+        if old is None:
+            out.append(f"{pairs_}: {new} here, not connected in {baseline}")
+        elif new is None:
+            out.append(f"{pairs_}: not connected here ({old} in {baseline})")
+        else:
+            out.append(f"{pairs_} moved from {old} to {new}")
+    return out
+
+
+def summary_json(procs) -> dict:
+    """What explain and check-env store per config/run: the matrix, rings/trees per communicator, and
+    the connection summaries (format documented in docs/formats.md, "Transports")."""
+    procs = list(procs)
+    comms = []
+    for p in procs:
+        for c in p.comms:
+            if c.rings or c.trees or c.nranks:
+                comms.append({"pid": p.pid, "host": p.host, "comm": c.comm, "rank": c.rank, "nranks": c.nranks,
+                              "nnodes": c.nnodes, "nvml_dev": c.nvml_dev, "cuda_dev": c.cuda_dev,
+                              "rings": ring_summary(c), "trees": tree_summary(c), "channels": c.channels})
+    return {**matrix_json(procs), "comms": comms,
+            "connected": sorted({w for p in procs for w in p.connected}),
+            "collnet": sum(len(p.collnet) for p in procs), "nvls": sorted({l for p in procs for l in p.nvls}),
+            "p2p_disabled": sorted({tuple(x) for p in procs for x in p.p2p_disabled})}
+
+
+def ring_summary(c: Comm) -> list[dict]:
+    """Distinct ring orders and the channels that use each (only rank 0 prints rings)."""
+    orders: dict[tuple, list[int]] = {}
+    for ch, order in sorted(c.rings.items()):
+        orders.setdefault(tuple(order), []).append(ch)
+    return [{"order": list(o), "channels": chans, "cut": c.rings_cut} for o, chans in orders.items()]
+
+
+def tree_summary(c: Comm) -> list[dict]:
+    """This rank's distinct tree positions (children, parent) and the channels of each."""
+    pos: dict[tuple, list[int]] = {}
+    for ch, (children, parent) in sorted(c.trees.items()):
+        pos.setdefault((tuple(children), parent), []).append(ch)
+    return [{"children": list(k[0]), "parent": k[1], "channels": chans} for k, chans in pos.items()]
+
+
+def channel_ranges(chans: list[int]) -> str:
+    """[0,1,2,5] -> "0-2,5"."""
+    out, start, prev = [], None, None
+    for c in chans:
+        if start is None:
+            start = prev = c
+        elif c == prev + 1:
+            prev = c
+        else:
+            out.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = c
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ",".join(out)
+
+
+def render_graphs(summary: dict, indent: str = "  ", limit: int = 16) -> list[str]:
+    """Rings (from rank 0) and trees (per rank) of every communicator, one line each, within 100 columns."""
+    lines = []
+    for c in summary["comms"][:limit]:
+        who = f"pid {c['pid']} comm {c['comm']} rank {c['rank']}/{c['nranks']}"
+        for r in c["rings"]:
+            order = " ".join(map(str, r["order"][:24])) + (" ..." if len(r["order"]) > 24 or r["cut"] else "")
+            lines.append(f"{indent}{who}: ring {order} on channels {channel_ranges(r['channels'])}")
+        for t in c["trees"]:
+            kids = ",".join(map(str, t["children"])) or "none"
+            lines.append(f"{indent}{who}: tree parent {t['parent']}, children {kids} on channels "
+                         f"{channel_ranges(t['channels'])}")
+    if len(summary["comms"]) > limit:
+        lines.append(f"{indent}... and {len(summary['comms']) - limit} more communicators (see --json)")
+    return [l if len(l) <= WIDTH else l[:WIDTH - 3] + "..." for l in lines]
+
+
+def config_label(name: str, overrides: dict | None) -> str:
+    """``p2p-sys (NCCL_P2P_LEVEL=SYS)``: the config and, when short, the settings that make it."""
+    if not overrides:
+        return name
+    settings = " ".join(f"{k}={v}" for k, v in overrides.items())
+    return f"{name} ({settings})" if len(settings) <= 60 else name
+
+
+def render_configs(configs: dict[str, dict], baseline: str = "default", indent: str = "  ") -> list[str]:
+    """Per config, its transport matrix (``summary_json``/``matrix_json``) -- once for the baseline, and
+    for every other config either "same as default" or what it moved, then its own matrix."""
+    have = {n: c for n, c in configs.items() if c.get("transports") is not None}
+    if not have:
+        return []
+    base_name = baseline if baseline in have else next(iter(have))
+    base = have[base_name]["transports"]
+    lines = ["Transport per GPU pair (row: sending GPU, column: receiving GPU):",
+             f"[{config_label(base_name, have[base_name].get('overrides'))}]"]
+    lines += render_matrix(base, indent)
+    for name, c in have.items():
+        if name == base_name:
+            continue
+        label = config_label(name, c.get("overrides"))
+        changes = diff(base, c["transports"], base_name)
+        if not changes:
+            lines.append(f"[{label}] same transports as {base_name}")
+            continue
+        lines.append(f"[{label}] against {base_name}:")
+        for x in changes:
+            lines += textwrap.wrap(x, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                                   break_on_hyphens=False)
+        lines += render_matrix(c["transports"], indent)
+    return lines
