@@ -35,7 +35,7 @@ from ..analyse.stats import LESS, TWO_SIDED
 from . import launcher, machinestate, runlock
 from ..formats import results
 from ..errors import CommdiagError
-from ..wrap import wrapped
+from ..linewrap import fit_lines
 from ..formats.spec import Spec, launch_order
 
 TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
@@ -388,7 +388,7 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
             lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
                          f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
                          "the rounds every claim needs)")
-    return StagePlan("start", len(pending), len(pending) * per if per else None, tuple(wrapped(lines)))
+    return StagePlan("start", len(pending), len(pending) * per if per else None, tuple(fit_lines(lines)))
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
@@ -519,7 +519,7 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
         lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
                      f"default in {c.where}, {c.mode} mode{scr} [{c.reason}]")
-    return StagePlan("confirm", n, n * wall if wall else None, tuple(wrapped(lines)))
+    return StagePlan("confirm", n, n * wall if wall else None, tuple(fit_lines(lines)))
 
 
 def _why_rounds(claims, total: int, thr: float) -> str:
