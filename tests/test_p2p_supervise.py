@@ -19,7 +19,7 @@ from commdiag.errors import CommdiagError
 from commdiag.p2p import supervise
 from commdiag.p2p.result import FAILED, HUNG, OK
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, words
 
 
 def tagged_env(fault: str) -> tuple[dict, str]:
@@ -175,4 +175,4 @@ def test_bad_inputs_are_one_error_before_any_measurement(tmp_path):
     run_json.write_text(json.dumps({"format": "commdiag-run", "version": 3}))
     r = run_cli("p2p", "--from", run_json, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "format: 'commdiag-run' is not a commdiag p2p result" in r.stderr
+    assert "format: 'commdiag-run' is not a commdiag p2p result" in words(r.stderr)  # wrapped at 100 columns
