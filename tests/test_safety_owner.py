@@ -99,7 +99,7 @@ def test_a_venv_owned_by_another_user_is_refused_then_run_as_that_user(area):
     assert tree(root) == before and uids(log) == set()  # nothing of the venv ran at all
     cp = cli("--root", root, "--python", py, "--set", "NCCL_PROTO=LL", "--allow-user-owned")
     assert cp.returncode == 0, cp.stdout + cp.stderr
-    assert f"verify: OK: a fresh {py} (started as uid {NOBODY})" in cp.stdout
+    assert f"verify: OK: a fresh {py} (started as uid {NOBODY})" in words(cp.stdout)
     assert uids(log) == {str(NOBODY)}  # the verification (and its spawn child) ran as nobody only
     cp = cli("--status", "--root", root, "--python", py, "--allow-user-owned")
     assert "loads at start: yes" in cp.stdout, cp.stdout + cp.stderr

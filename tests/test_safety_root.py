@@ -156,7 +156,7 @@ def test_a_symlinked_lock_is_refused_and_not_followed(tmp_path):
     (state / "lock").unlink()
     os.mkfifo(state / "lock")
     cp = cli("--method", "none", "--nccl-conf", "--root", root, "--set", "NCCL_PROTO=LL", timeout=60)
-    assert cp.returncode == 2 and "lock: is not a regular file" in cp.stderr, cp.stdout + cp.stderr
+    assert cp.returncode == 2 and "lock: is not a regular file" in words(cp.stderr), cp.stdout + cp.stderr
 
 
 def test_without_its_saved_copy_an_original_is_neither_lost_nor_made_up():
