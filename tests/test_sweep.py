@@ -15,7 +15,7 @@ import pytest
 from commdiag.measure import launcher
 from commdiag.formats.results import load_run
 
-from conftest import REPO, free_port, run_cli, write_spec
+from conftest import REPO, free_port, one_message, run_cli, write_spec
 
 
 def read_run(run_dir):
@@ -306,8 +306,9 @@ def test_second_sweep_in_a_folder_is_refused_and_resume_after_kill_9_ends_the_or
             time.sleep(0.2)
         assert marker, "the hanging launch never started"
         second = run_cli("sweep", "--resume", out, timeout=60)
-        assert second.returncode == 2 and "another commdiag process" in second.stderr
-        assert f"pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        message = one_message(second.stderr)  # one message, wrapped at 100 columns
+        assert second.returncode == 2 and "another commdiag process" in message
+        assert f"pid {first.pid}" in message and "Traceback" not in second.stderr
         first.kill()  # kill -9: its torchrun and workers live on, re-parented
         first.wait(timeout=30)
         orphans = launcher.marked_pids(marker)
