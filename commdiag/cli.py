@@ -21,6 +21,8 @@ def _echo(message="", err: bool = False, nl: bool = True, wrap: bool = True) -> 
     and every line fits 100 columns (linewrap.py).  ``wrap=False`` only for JSON and verbatim file
     content, where a line break would change what is shown."""
     text = errors.terminal_safe(message)
+    if wrap and str(text).lstrip().startswith(("{", "[")):
+        wrap = False  # a JSON document (every --json): a line break inside a string would break it
     click.echo(linewrap.fit(text) if wrap else text, err=err, nl=nl)
 
 
