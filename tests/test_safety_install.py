@@ -1,4 +1,4 @@
-"""install-hook with a venv inside --root (issue 12, item 8): the venv is a real interpreter, so
+"""install-hook with a venv inside --root : the venv is a real interpreter, so
 its real sitecustomize is what counts, verification runs, and a file a block could never run in is
 refused before anything is written.  Venvs are throwaway, inside tmp_path."""
 

@@ -1,4 +1,4 @@
-"""Read-only commands are read-only (issue 12, item 3): load_run, report and compare never write
+"""Read-only commands are read-only: load_run, report and compare never write
 measured data; only the sweep (``assemble(..., write=True)``) rebuilds samples.csv/summary.csv.
 
 Run folders are a recorded CPU run (tests/fixtures/runs/cpu-aa-a) damaged in the ways seen in the
@@ -134,7 +134,7 @@ def test_report_and_compare_of_a_folder_without_data_write_nothing(tmp_path, cmd
     assert _tree(run) == before
 
 
-# --------------------------------------------------------------------------- corrupted run folders (item 10)
+# --------------------------------------------------------------------------- corrupted run folders
 
 def _j(run: Path, change):
     data = json.loads((run / "run.json").read_text())
