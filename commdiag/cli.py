@@ -22,7 +22,11 @@ def _echo(message="", err: bool = False, nl: bool = True, wrap: bool = True) -> 
     content, where a line break would change what is shown."""
     text = errors.terminal_safe(message)
     if wrap and str(text).lstrip().startswith(("{", "[")):
-        wrap = False  # a JSON document (every --json): a line break inside a string would break it
+        try:  # a JSON document (every --json): a line break inside a string would break it
+            json.loads(text)
+            wrap = False
+        except ValueError:
+            pass  # text that merely starts with a bracket, e.g. doctor's "[INFO    ]" records
     click.echo(linewrap.fit(text) if wrap else text, err=err, nl=nl)
 
 
