@@ -263,7 +263,7 @@ def _finish_run(res, as_json: bool) -> None:
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
 
 
-@main.command("ab", short_help="Certified A/B of your own benchmark: better, worse, equivalent?",
+@main.command("ab", short_help="A/B of your own benchmark: better, worse or equivalent?",
               context_settings={"ignore_unknown_options": True})
 @click.argument("spec_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -561,7 +561,7 @@ _SYSFS_ROOT_HELP = ("Read the PCIe/IOMMU state from this captured tree (it holds
                     "--capture-sysfs writes) instead of this machine's /sys.")
 
 
-@main.command(short_help="Python startup hooks, GPU topology (NVML), ACS/IOMMU, versions.")
+@main.command(short_help="Startup hooks, GPU topology (NVML), ACS/IOMMU, versions.")
 @click.option("--python", "pythons", multiple=True, metavar="PATH",
               help="Also probe this interpreter (e.g. the inference server's venv python); repeatable.")
 @click.option("--nvml-replay", type=click.Path(dir_okay=False, exists=True), default=None,
