@@ -403,19 +403,25 @@ def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: 
             outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
         if outcome.interrupted:
             for launch in batch:
+                if launch.get("marker"):  # whatever it had started ends with it (Ctrl-C mid-start)
+                    launcher.kill_marked(launch["marker"])
                 for key in list(launch):
                     if key not in LAUNCH_KEYS:
                         launch.pop(key)
                 launch["status"] = results.PENDING
             results.save_run(run_dir, run)
             return True
-        done_walls.append(outcome.wall_s / len(batch))
-        results.save_run(run_dir, run)
-        for launch in batch:
-            done += 1
-            if on_progress:
-                left = len(pending) - done
-                on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+        try:
+            done_walls.append(outcome.wall_s / len(batch))
+            results.save_run(run_dir, run)
+            for launch in batch:
+                done += 1
+                if on_progress:
+                    left = len(pending) - done
+                    on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+        except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
+            results.save_run(run_dir, run)
+            return True
     return False
 
 
