@@ -43,7 +43,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert "stage 2 (confirmation, look 1): 9 fresh rounds x 2 configs = 18 launches" in words(proc.stderr)
     assert "why 9 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in words(proc.stderr)
     assert proc.stderr.index("stage 2 (confirmation") < proc.stderr.index("stage 2 round 1")
-    assert max(len(l) for l in words(proc.stderr).splitlines() + proc.stdout.splitlines()) <= 100
+    assert max(len(l) for l in proc.stderr.splitlines() + proc.stdout.splitlines()) <= 100
     run = results.load_run_json(out)
     stage2 = [l for l in run["launches"] if l["stage"] == 2]
     assert len(stage2) == 18 and {l["status"] for l in stage2} == {"ok"}

@@ -100,7 +100,7 @@ def test_uninstall_through_a_site_packages_swapped_for_a_link(staged):
     said = " ".join(cp.stdout.split())  # lines are wrapped at 100 columns
     assert f"refused: {user_sp / 'commdiag-nccl.pth'}: not changed: its directory {user_sp} is a symbolic link" \
         in said, cp.stdout
-    assert all(len(line) <= 100 or " " not in line.strip() for line in words(cp.stdout).splitlines()
+    assert all(len(line) <= 100 or " " not in line.strip() for line in cp.stdout.splitlines()
                if line.startswith("  refused") or line.startswith("    ")), cp.stdout
     assert "__pycache__" not in json.dumps(manifest(root))  # bytecode is never recorded
     status = cli("--status", "--root", root, "--python", root / "usr/bin/python")
