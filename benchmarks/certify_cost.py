@@ -6,7 +6,7 @@ Both numbers come from the same run: the reference is stage 1 (the interleaved t
 ``--no-confirm`` stops after), the target adds stage 2 (fresh rounds of default and the claims).
 Each stage's time is the sum of its launches' wall times (start, measuring, teardown; with
 reuse_process each process counted once), so idle time between resumed calls does not count.
-Target (issue 11): ratio <= 1.3 for an nvlink2-shaped sweep on 2 GPUs.
+Target: ratio <= 1.3 for an nvlink2-shaped sweep on 2 GPUs.
 """
 
 from __future__ import annotations

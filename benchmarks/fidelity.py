@@ -15,7 +15,7 @@ Measured: commdiag's own worker functions (the code a sweep runs), medians of th
 per-sample times, for torch.distributed and nccl-direct, plus graph replay on torch's
 default stream (``replay_stream: default``).
 
-Printed ratios (targets from the issue): graph / graph floor within 5% at 14 KB-0.9 MB
+Printed ratios (targets): graph / graph floor within 5% at 14 KB-0.9 MB
 and 3% at 14 MB and up, for both call paths; eager nccl-direct / eager floor <= 1.5.
 """
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU run recorded in benchmarks/, as sent to a lent 2-GPU machine (device tool):
+# The GPU run recorded in benchmarks/, as run on a 2-GPU machine:
 #   BUDGET_S=555 bash benchmarks/gpu_run.sh all   # everything under one deadline; call again to continue
-# It leaves $OUT/gpu.tgz: every run folder and log under /tmp/gpu.  Earlier sessions' steps (validation,
-# explain, overhead, fidelity, diagnostics) are in git history; `all` now runs session 3's two sweeps.
+# It leaves $OUT/gpu.tgz: every run folder and log under /tmp/gpu.  Earlier steps (validation,
+# explain, overhead, fidelity, diagnostics) are in git history; `all` now runs the two 2026-11-30 sweeps.
 # NVLink multicast stays off everywhere: never sweep NVLS on shared machines.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -30,7 +30,7 @@ case "${1:-}" in
       tail -3 $G/$name-progress.txt
       [ $rc -ne 130 ] && [ $rc -ne 124 ] && [ $rc -ne 2 ] && touch $G/done-$name; return $rc
     }
-    # Session 3 (certified verdicts, issue 11): both sweeps end to end with stage 2, A/A first (it carries
+    # Certified verdicts (2026-11-30): both sweeps end to end with stage 2, A/A first (it carries
     # the two acceptance checks: aa never certified, seed certified slower in prefill), then nvlink2.
     sweep_stage aa sweeps/nvlink2-aa.yaml; tail -20 $G/aa-console.txt
     sweep_stage nvlink2 sweeps/nvlink2.yaml; tail -30 $G/nvlink2-console.txt

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# First load of commdiag's tuner plugin by a real libnccl (issue 14, session 3), on a lent 2-GPU machine:
+# First load of commdiag's tuner plugin by a real libnccl, on a 2-GPU machine:
 #   bash benchmarks/gpu_tuner_probe.sh      # leaves $OUT/tuner.tgz
 # Builds the plugin, writes a two-rule file (all-reduce 1-2 MiB -> Ring/LL, 2-4 MiB -> Ring/LL128 on
 # 2 ranks), and runs a one-trial sweep of default vs `tuned` (the plugin) at 0.9-7.3 MB with --explain,

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 14 parts 4-5 on a lent 2-GPU machine: the proof that the tuner plugin loaded and which rule
+# On a 2-GPU machine: the proof that the tuner plugin loaded and which rule
 # fired, in check-env --nccl (loaded, and four ways of not loading), in every sweep launch and in explain.
 #   bash benchmarks/gpu_tuner_proof.sh      # leaves $OUT/proof.tgz
-# Not run as a whole: session 4 recorded every check-env case (loaded and all four failures) and the tuned
-# sweeps through benchmarks/gpu_session4.sh (stages proof and tuner); the "not a tuner" and dlopen-error cases
-# are recorded too (benchmarks/h200x2-2026-11-30-s4/proof).
+# Not run as a whole: the 2026-11-30 runs recorded every check-env case (loaded and all four failures) and the tuned
+# sweeps through benchmarks/gpu_tuner_step.sh (stages proof and tuner); the "not a tuner" and dlopen-error cases
+# are recorded too (benchmarks/h200x2-2026-11-30-tuner/proof).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 if [ -d .whl ]; then

@@ -9,7 +9,7 @@ sweep's own code) with one tiny size, minus its measuring time (``measure_s``).
     python benchmarks/launch_overhead.py --backend gloo --nproc 2 --repeat 3     # CPU
     python benchmarks/launch_overhead.py --backend nccl --nproc 2 --repeat 3     # GPUs
 
-Target (issue 6): under 4 s per launch on 2 GPUs.
+Target: under 4 s per launch on 2 GPUs.
 
 ``--reuse N`` also measures ``reuse_process``: one commdiag process making N runs
 (NCCL_PROTO set differently for each, a fresh communicator per run, as the sweep

@@ -1,4 +1,4 @@
-"""Why nccl-tests and commdiag differ for the seed settings at 14.7 MB (issue 14): which buffer state matters.
+"""Why nccl-tests and commdiag differ for the seed settings at 14.7 MB: which buffer state matters.
 
 Run on 2 GPUs with the seed settings in the environment:
     torchrun --nproc_per_node 2 benchmarks/reconcile_l2.py

@@ -21,9 +21,13 @@ def _echo(message="", err: bool = False, nl: bool = True, wrap: bool = True) -> 
     and every line fits 100 columns (linewrap.py).  ``wrap=False`` only for JSON and verbatim file
     content, where a line break would change what is shown."""
     text = errors.terminal_safe(message)
-    if wrap and not (text.startswith("{") and text.rstrip().endswith("}")):  # JSON is data: never wrapped
-        text = linewrap.fit(text)
-    click.echo(text, err=err, nl=nl)
+    if wrap and str(text).lstrip().startswith(("{", "[")):
+        try:  # a JSON document (every --json): a line break inside a string would break it
+            json.loads(text)
+            wrap = False
+        except ValueError:
+            pass  # text that merely starts with a bracket, e.g. doctor's "[INFO    ]" records
+    click.echo(linewrap.fit(text) if wrap else text, err=err, nl=nl)
 
 
 def _echo_verbatim(text: str, verbatim: str) -> None:
@@ -259,7 +263,7 @@ def _finish_run(res, as_json: bool) -> None:
     sys.exit(errors.EXIT_OK if res.all_ok else errors.EXIT_LAUNCHES_FAILED)
 
 
-@main.command("ab", short_help="Certified A/B of your benchmark: better, worse, equivalent?",
+@main.command("ab", short_help="A/B of your own benchmark: better, worse or equivalent?",
               context_settings={"ignore_unknown_options": True})
 @click.argument("spec_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -301,7 +305,7 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
     run = runner.load(res.run_dir)
     a = render.analyse(run)
     if as_json:
-        _echo(json.dumps(render.to_json(res.run_dir, run, a, res.counts), indent=1), wrap=False)
+        _echo(json.dumps(render.to_json(res.run_dir, run, a, res.counts), indent=1))
     else:
         _echo(render.render_text(run, a))
         _echo(f"\nrun folder: {res.run_dir}   launches: " + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
@@ -361,7 +365,7 @@ def explain_cmd(run_dir, logs, as_json, no_run):
         rep = logreport.explain_logs(logs)
         if as_json:
             _echo(json.dumps({"format": logreport.LOG_FORMAT, "version": logreport.LOG_VERSION, **rep.to_json()},
-                             indent=1), wrap=False)
+                             indent=1))
         else:
             _echo(logreport.render(rep))
         return
@@ -491,7 +495,7 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
 
         lib_report = ncclib.probe()
         if as_json:
-            _echo(_envelope("nccl-libraries", lib_report.to_json()), wrap=False)
+            _echo(_envelope("nccl-libraries", lib_report.to_json()))
         else:
             _echo("\n".join(ncclib.render(lib_report, indent="")))
         sys.exit(errors.EXIT_CHECK_FAILED if lib_report.mismatches() or lib_report.error else errors.EXIT_OK)
@@ -637,7 +641,7 @@ def p2p_cmd(as_json, html_out, from_json, size_mib, repeats, pair_timeout, min_f
             lambda o: _echo(f"p2p: {o.id}: {o.status}" + (f" in {o.wall_s:.1f}s" if o.wall_s else ""), err=True)))
     if html_out is not None:
         run.write_html(res, html_out)
-    _echo(json.dumps(res.to_json(), indent=1) if as_json else render.render(res), wrap=not as_json)
+    _echo(json.dumps(res.to_json(), indent=1) if as_json else render.render(res))
     if html_out is not None and not as_json:
         _echo(f"html: {html_out}")
     sys.exit(errors.EXIT_OK if res.ok else errors.EXIT_CHECK_FAILED)

@@ -40,11 +40,6 @@ def fit(text: str, width: int = WIDTH) -> str:
     return "\n".join(out for line in str(text).split("\n") for out in fit_line(line, width))
 
 
-def fit_lines(lines, width: int = WIDTH) -> list[str]:
-    """Each of ``lines`` as the lines it becomes (for a library that returns its text as lines)."""
-    return [out for line in lines for out in fit_line(line, width)]
-
-
 def fit_line(line: str, width: int = WIDTH) -> list[str]:
     """One line as the lines it becomes: itself when it fits, else wrapped with a hanging indent."""
     if len(line) <= width:

@@ -293,7 +293,7 @@ def test_rounds_needed_follow_the_paired_tests_floor():
     claim = lambda alt: certify.Claim("x", "graph", "decode", None, alt, "screening", 0.9)  # noqa: E731
     assert certify.rounds_needed([claim(LESS)]) == 7  # 2^-7 = 0.0078 <= 0.01 < 2^-6
     assert certify.rounds_needed([claim(LESS)] * 2) == 8  # 0.005: 2^-8 = 0.0039
-    assert certify.rounds_needed([claim(TWO_SIDED)] * 2) == 9  # the example: 2/2^9 = 0.0039 <= 0.005
+    assert certify.rounds_needed([claim(TWO_SIDED)] * 2) == 9  # e.g. 2/2^9 = 0.0039 <= 0.005
     assert certify.rounds_needed([claim(TWO_SIDED)] * 4) == 10  # 2/2^10 = 0.00195 <= 0.0025 < 2/2^9
     assert certify.rounds_needed([claim(LESS), claim(TWO_SIDED)]) == 9  # per claim sidedness: the most
     assert certify.rounds_needed([claim(TWO_SIDED)] * 50) == 14  # 25 named in two bands: 2/2^14 <= 2e-4

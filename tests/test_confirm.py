@@ -15,7 +15,7 @@ from commdiag.formats import results
 from commdiag.measure import sweep
 from commdiag.errors import CommdiagError, SpecError
 from commdiag.formats.spec import load_spec
-from conftest import REPO, assert_fits, run_cli, words, write_spec
+from conftest import REPO, assert_fits, one_message, run_cli, words, write_spec
 
 CPU_AA = REPO / "sweeps" / "cpu-aa.yaml"
 SMALL = ("--set", "iters=10", "--set", "warmup=2", "--set", "sizes={hidden: 1024, tokens: [1, 256]}")
@@ -40,8 +40,8 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     proc = run_cli("confirm", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_fits(proc)  # the stage-2 plan, the progress lines, the table and the verdicts
-    assert "stage 2 (confirmation, look 1): 9 fresh rounds x 2 configs = 18 launches" in proc.stderr
-    assert "why 9 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in proc.stderr
+    assert "stage 2 (confirmation, look 1): 9 fresh rounds x 2 configs = 18 launches" in words(proc.stderr)
+    assert "why 9 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in words(proc.stderr)
     assert proc.stderr.index("stage 2 (confirmation") < proc.stderr.index("stage 2 round 1")
     assert max(len(l) for l in proc.stderr.splitlines() + proc.stdout.splitlines()) <= 100
     run = results.load_run_json(out)
@@ -49,10 +49,10 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert len(stage2) == 18 and {l["status"] for l in stage2} == {"ok"}
     assert sorted(l["round"] for l in stage2) == sorted(list(range(9)) * 2)
     assert run["confirmation"]["family_size"] == 2 and run["confirmation"]["test"] == certify.PAIRED_TEST
-    assert "confirmation (stage 2): confirmed: 0 of 2 claims certified" in proc.stdout
-    assert "aa vs default, decode band (eager): not certified, keep NCCL defaults" in proc.stdout
-    assert "paired signed-rank test over 9 rounds" in proc.stdout and not re.search(r": certified \d", proc.stdout)
-    assert "A/A check: PASS: aa (identical to default)" in proc.stdout
+    assert "confirmation (stage 2): confirmed: 0 of 2 claims certified" in words(proc.stdout)
+    assert "aa vs default, decode band (eager): not certified, keep NCCL defaults" in words(proc.stdout)
+    assert "paired signed-rank test over 9 rounds" in words(proc.stdout) and not re.search(r": certified \d", proc.stdout)
+    assert "A/A check: PASS: aa (identical to default)" in words(proc.stdout)
     assert not list(out.glob("profile*.env"))
     # an interruption in stage 2 leaves pending launches: --resume finishes exactly those
     kept = {l["index"]: l["started_utc"] for l in stage2[:-2]}
@@ -72,7 +72,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert v["status"] == verdict.CONFIRMED and not [c for c in v["certifications"] if c["certified"]]
     # confirmed already: extending needs --rounds (a second look)
     proc = run_cli("confirm", out)
-    assert proc.returncode == 2 and "already confirmed" in words(proc.stderr) and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "already confirmed" in one_message(proc.stderr) and "Traceback" not in proc.stderr
 
 
 def test_stage_2_measures_only_what_its_claims_test(tmp_path):
@@ -141,7 +141,7 @@ def test_old_run_folders_load_as_screening_only_and_confirm_refuses_unfinished_s
     run["launches"][0]["status"] = "pending"
     (run_dir / "run.json").write_text(json.dumps(run))
     proc = run_cli("confirm", run_dir)
-    assert proc.returncode == 2 and "stage 1 (screening) is unfinished" in words(proc.stderr)
+    assert proc.returncode == 2 and "stage 1 (screening) is unfinished" in one_message(proc.stderr)
 
 
 def test_a_plan_too_short_to_certify_says_so_and_launches_nothing():
@@ -168,8 +168,9 @@ def test_a_fixed_confirm_rounds_that_cannot_certify_is_refused_before_any_launch
     out = tmp_path / "run"
     proc = run_cli("sweep", path, "--out", out)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert f"{path}: confirm.rounds: not certifiable with this plan" in words(proc.stderr)  # wrapped at 100
-    assert "set confirm.rounds: 9 (or auto)" in words(proc.stderr) and not out.exists()
+    said = one_message(proc.stderr)
+    assert f"{path}: confirm.rounds: not certifiable with this plan" in said
+    assert "set confirm.rounds: 9 (or auto)" in said and not out.exists()
     # without stage 2 the same spec runs (screening only): nothing to refuse
     spec = load_spec(path)
     sweep._check_confirm_rounds(dataclasses.replace(spec, confirm_rounds=9), False)
@@ -196,9 +197,7 @@ def test_band_text_and_gloo_note():
         {"name": "default", "env": {}}, {"name": "ll", "env": {"NCCL_PROTO": "LL"}}], "launches": []}
     v = verdict.evaluate([], run, {})
     assert any("gloo never loads NCCL" in n for n in v.notes)
-    # under gloo, ll is a twin: identical to default but for NCCL_* variables, which gloo never reads
-    assert any(n.startswith("A/A check (ll identical to default under gloo, which never loads NCCL)")
-               for n in v.notes), v.notes
+    assert any(n.startswith("A/A check (ll identical to default under gloo") for n in v.notes)  # a twin
 
 
 def test_extending_an_unfinished_confirmation_is_refused_and_a_further_look_states_its_cost(tmp_path):
@@ -221,7 +220,7 @@ def test_a_run_folder_without_its_launch_folders_is_not_extended(tmp_path):
     run["confirmation"] = certify.confirmation_plan(claims, None, len(run["launches"]), "t")
     (run_dir / "run.json").write_text(json.dumps(run))
     proc = run_cli("confirm", run_dir, "--rounds", "3")
-    assert proc.returncode == 2 and "cannot be extended without losing their samples" in words(proc.stderr)
+    assert proc.returncode == 2 and "cannot be extended without losing their samples" in one_message(proc.stderr)
     assert json.loads((run_dir / "run.json").read_text()) == run  # nothing written
 
 

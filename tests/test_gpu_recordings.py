@@ -1,7 +1,7 @@
 """Real GPU runs, replayed: the 2x H200 sweeps committed under benchmarks/h200x2-2026-11-29b/.
 
 NCCL's output and GPU timings cannot be produced on the CI machine, so the runs recorded on a
-lent 2-GPU machine are the fixtures here: the TUNING parser on its explain logs, the explain
+2-GPU machine are the fixtures here: the TUNING parser on its explain logs, the explain
 join stored in its run.json, the verdicts of its A/A run, its report in Chromium and compare
 across two of its runs.  benchmarks/README.md says how each was made.
 """
@@ -23,7 +23,7 @@ from test_report import assert_drawn, render
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "benchmarks" / "h200x2-2026-11-29b"
-CERTIFIED = ROOT / "benchmarks" / "h200x2-2026-11-30"  # session 3: both sweeps with stage 2
+CERTIFIED = ROOT / "benchmarks" / "h200x2-2026-11-30"  # 2026-11-30: both sweeps with stage 2
 LOGS = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
 MB = 1 << 20
 
@@ -127,7 +127,7 @@ def test_reuse_process_on_gpus_was_proven_and_measured_the_same():
             assert r["nccl_applied"].get("NCCL_PROTO") == env[l["config"]].get("NCCL_PROTO")
             assert r["nccl_applied"].get("NCCL_ALGO") == env[l["config"]].get("NCCL_ALGO")
         if l["process_runs"] > 1:
-            assert l["overhead_s"] < 4.0  # the issue's per-launch target, met only by sharing processes
+            assert l["overhead_s"] < 4.0  # the per-launch target, met only by sharing processes
     # the same configs measured in fresh processes (the nvlink2 run): no change beyond the noise
     r = compare.run(RUNS / "nvlink2", RUNS / "nvlink2-reuse")
     graph = [c for c in r.changes if c.mode == "graph"]

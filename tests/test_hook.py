@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import words
+
 from commdiag.install import hooktext
 
-from conftest import one_message, words
 from pythons import plain_python
 
 DEBIAN_PY = "/usr/bin/python3.11"
@@ -145,17 +146,17 @@ def test_debian_venv_own_sitecustomize_is_shadowed_so_pth_is_used(root, tmp_path
     assert sees(venv / "bin/python") == NOTHING
     before = tree(root)
     cp = cli("--python", str(venv / "bin/python"), "--root", str(root), *SETS, check=0)
-    assert "is shadowed by /usr/lib/python3.11/sitecustomize.py" in cp.stdout
+    assert "is shadowed by /usr/lib/python3.11/sitecustomize.py" in words(cp.stdout)
     assert (sp / hooktext.PTH_NAME).read_text() == hooktext.PTH_LINE
-    assert "verify: OK" in cp.stdout
+    assert "verify: OK" in words(cp.stdout)
     assert sees(venv / "bin/python") == ARRIVED
     assert (sp / "sitecustomize.py").read_text().startswith("import os\n")  # untouched
     installed = tree(root)
     cp = cli("--python", str(venv / "bin/python"), "--root", str(root), *SETS, check=0)  # the same again
-    assert "nothing to change: already in place" in cp.stdout and tree(root) == installed
+    assert "nothing to change: already in place" in words(cp.stdout) and tree(root) == installed
     # --method sitecustomize for this venv would edit a file every python3.11 loads: falls back to pth
     cp = cli("--python", str(venv / "bin/python"), "--root", str(root), "--method", "sitecustomize", *SETS, check=0)
-    assert "installing with the .pth method instead" in cp.stdout
+    assert "installing with the .pth method instead" in words(cp.stdout)
     assert os.readlink(root / "usr/lib/python3.11/sitecustomize.py") == os.readlink(DEBIAN_SC)
     cli("--uninstall", "--python", str(venv / "bin/python"), "--root", str(root), check=0)
     assert tree(root) == before
@@ -174,7 +175,7 @@ def test_debian_system_sitecustomize_gets_a_block_at_the_link_target(root):
     text = target.read_bytes()
     assert text.startswith(original) and hooktext.BEGIN.encode() in text
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o640  # the edited file keeps its permissions
-    assert "not started: the hook was staged" in cp.stdout
+    assert "not started: the hook was staged" in words(cp.stdout)
     # the staged file really works: import it (through the link) in a real python3.11 start
     probe = (f"import sys; sys.path.insert(0, {str(link.parent)!r}); import sitecustomize, os; "
              "print(os.environ.get('NCCL_PROTO'), sitecustomize.__file__)")
@@ -195,7 +196,7 @@ def test_project_python_venv_sitecustomize_method_and_user_value_wins(root, tmp_
     sc = site_packages(venv) / "sitecustomize.py"
     assert sc.read_text().startswith(hooktext.BEGIN)
     assert stat.S_IMODE(sc.stat().st_mode) == 0o644
-    assert "verify: OK" in cp.stdout
+    assert "verify: OK" in words(cp.stdout)
     assert sees(py) == ARRIVED
     assert sees(py, {"NCCL_PROTO": "Simple"})["NCCL_PROTO"] == ["Simple", "Simple"]  # a value set by the user wins
     cli("--python", str(py), "--root", str(root), "--method", "sitecustomize", "--override", *SETS, check=0)
@@ -219,7 +220,7 @@ def test_spawn_child_and_status(root, tmp_path_factory):
     assert subprocess.run([str(py), str(script)], capture_output=True, text=True, env=env,
                           timeout=120).stdout.strip() == "LL"
     cp = cli("--status", "--python", str(py), "--root", str(root), check=0)
-    assert "loads at start: yes" in cp.stdout and "check-env in a fresh process: OK" in cp.stdout
+    assert "loads at start: yes" in words(cp.stdout) and "check-env in a fresh process: OK" in words(cp.stdout)
     # check-env inside the target, with no expectation given, expects the installed hook's settings
     pkg = str(Path(__file__).resolve().parent.parent)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from commdiag.environment import envcheck; import json; "
@@ -231,7 +232,7 @@ def test_spawn_child_and_status(root, tmp_path_factory):
     # -S turns site processing off: the hook cannot run, and status says so
     assert sees(py, flags=["-S"]) == NOTHING
     cp = cli("--status", "--python", str(py), "--root", str(root), "--python-flag", "-S", check=1)
-    assert "loads at start: NO; site processing is off (-S)" in cp.stdout
+    assert "loads at start: NO; site processing is off (-S)" in words(cp.stdout)
     # a profile that differs, and a file changed since install
     cp = cli("--status", "--python", str(py), "--root", str(root), "--set", "NCCL_PROTO=Simple", "--json", check=1)
     (inst,) = json.loads(cp.stdout)["installs"]
@@ -239,7 +240,7 @@ def test_spawn_child_and_status(root, tmp_path_factory):
     mod = site_packages(venv) / (hooktext.HOOK_MODULE + ".py")
     mod.write_text(mod.read_text() + "# edited\n")
     cp = cli("--status", "--python", str(py), "--root", str(root), check=1)
-    assert f"{mod}: changed since install" in words(cp.stdout)  # wrapped at 100 columns
+    assert f"{mod}: changed since install" in words(cp.stdout)
 
 
 # --------------------------------------------------------------------------- a hook that breaks
@@ -298,7 +299,7 @@ def test_uninstall_restores_bytes_modes_symlinks_not_bytecode(root, tmp_path_fac
     (sp / hooktext.PTH_NAME).symlink_to(root / "elsewhere.pth")  # a foreign symlink where the .pth goes
     before = tree(root)
     cp = cli("--python", str(py), "--root", str(root), *SETS, check=2)
-    assert "is not commdiag's" in cp.stderr and tree(root) == before
+    assert "is not commdiag's" in words(cp.stderr) and tree(root) == before
     cli("--python", str(py), "--root", str(root), *SETS, "--force", check=0)
     cli("--python", str(py), "--root", str(root), "--method", "sitecustomize", *SETS, check=0)
     assert not list((sp / "__pycache__").glob("sitecustomize.*.pyc"))  # stale bytecode removed
@@ -318,10 +319,10 @@ def test_dry_run_changes_nothing_and_prints_the_plan(root, tmp_path_factory):
     cp = cli("--python", str(venv / "bin/python"), "--root", str(root), *SETS, "--systemd", "sglang",
              "--nccl-conf", "--dry-run", check=0)
     assert tree(root) == before
-    assert "SETTINGS = {'NCCL_PROTO': 'LL', 'NCCL_ALGO': 'Ring'}" in cp.stdout
-    assert '+Environment="NCCL_PROTO=LL"' in cp.stdout
-    assert "+NCCL_PROTO=LL" in cp.stdout and " NCCL_DEBUG=WARN" in cp.stdout  # a diff of the existing file
-    assert "systemctl daemon-reload" in cp.stdout
+    assert "SETTINGS = {'NCCL_PROTO': 'LL', 'NCCL_ALGO': 'Ring'}" in words(cp.stdout)
+    assert '+Environment="NCCL_PROTO=LL"' in words(cp.stdout)
+    assert "+NCCL_PROTO=LL" in words(cp.stdout) and " NCCL_DEBUG=WARN" in words(cp.stdout)  # a diff of the existing file
+    assert "systemctl daemon-reload" in words(cp.stdout)
 
 
 def test_systemd_and_nccl_conf_install_and_undo(root):
@@ -334,7 +335,7 @@ def test_systemd_and_nccl_conf_install_and_undo(root):
     dropin = root / "etc/systemd/system/sglang.service.d/commdiag-nccl.conf"
     assert "EnvironmentFile=/etc/commdiag/sglang.service.env\n" in dropin.read_text()
     assert stat.S_IMODE(dropin.stat().st_mode) == 0o644
-    assert "systemctl restart sglang.service" in cp.stdout
+    assert "systemctl restart sglang.service" in words(cp.stdout)
     from commdiag.environment.envcheck import parse_nccl_conf
 
     assert parse_nccl_conf(conf.read_text())["NCCL_PROTO"] == "Simple"  # the file's own line wins (first wins)
@@ -351,7 +352,7 @@ def test_systemd_alone_installs_no_python_hook(root):
     written = set(tree(root)) - set(before)
     assert written and all(f.split("/")[0] in ("etc", "var") for f in written), written  # nothing in a Python tree
     assert not any(f.endswith((".pth", "sitecustomize.py")) for f in written)
-    assert "systemctl restart sglang.service" in cp.stdout
+    assert "systemctl restart sglang.service" in words(cp.stdout)
     cli("--uninstall", "--root", str(root), "--systemd", "sglang", check=0)
     assert tree(root) == before
 
@@ -382,7 +383,7 @@ def test_world_writable_target_directory_is_refused(root, tmp_path_factory):
     os.chmod(sp, 0o777)
     before = tree(root)
     cp = cli("--python", str(venv / "bin/python"), "--root", str(root), *SETS, check=2)
-    assert "world-writable" in cp.stderr
+    assert "world-writable" in words(cp.stderr)
     assert tree(root) == before
 
 
@@ -407,7 +408,7 @@ def test_permission_error_is_one_clear_message(tmp_path):
     cp = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", DEBIAN_PY if os.path.exists(
         DEBIAN_PY) else sys.executable, "-c", code, str(pkg), str(root)], capture_output=True, text=True, timeout=60,
         env={"PATH": os.environ["PATH"], "HOME": str(top), "PYTHONDONTWRITEBYTECODE": "1"})
-    assert "ERROR" in cp.stdout and "permission denied" in cp.stdout and "needs root" in cp.stdout, cp.stdout + cp.stderr
+    assert "ERROR" in words(cp.stdout) and "permission denied" in words(cp.stdout) and "needs root" in words(cp.stdout), cp.stdout + cp.stderr
     assert cp.stderr == ""
     assert list(root.iterdir()) == []
     shutil.rmtree(top)
@@ -422,15 +423,14 @@ def test_from_run_dir_without_winner_is_refused_with_the_reason(root, tmp_path):
     (run / "profile-prefill.env").write_text("# commdiag-profile 1\nNCCL_PROTO=Simple\n")
     cp = cli("--from", str(run), "--method", "none", "--nccl-conf", "--root", str(root), check=2)
     # a run without stage 2: screening alone never makes a profile, and the error says what would
-    message = one_message(cp.stderr)  # one message, wrapped at 100 columns
-    assert "nothing to install" in message and "no confirmation (stage 2)" in message
-    assert f"commdiag confirm {run}" in message
-    assert "profile-prefill.env" in cp.stderr and "--force" in cp.stderr
+    assert "nothing to install" in words(cp.stderr) and "no confirmation (stage 2)" in words(cp.stderr)
+    assert f"commdiag confirm {run}" in words(cp.stderr)
+    assert "profile-prefill.env" in words(cp.stderr) and "--force" in words(cp.stderr)
     assert list(root.iterdir()) == []
     run_json = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**run_json, "version": 3, "confirmation": {"claims": []}}))
     cp = cli("--from", str(run), "--method", "none", "--nccl-conf", "--root", str(root), check=2)
-    assert "the sweep certified no winner" in cp.stderr
+    assert "the sweep certified no winner" in words(cp.stderr)
     cli("--from", str(run), "--force", "--set", "NCCL_ALGO=Tree", "--method", "none", "--nccl-conf",
         "--root", str(root), check=0)
     assert "NCCL_ALGO=Tree" in (root / "etc/nccl.conf").read_text()
@@ -443,5 +443,5 @@ def test_from_run_dir_without_winner_is_refused_with_the_reason(root, tmp_path):
 def test_hostile_values_are_rejected_by_the_cli(root):
     for bad in ("NCCL_SOCKET_IFNAME=eth0\nNCCL_PROTO=LL", "NCCL_SOCKET_IFNAME=a\rb", "NCCL_PROTO=XX", "BAD NAME=1"):
         cp = cli("--method", "none", "--nccl-conf", "--root", str(root), "--set", bad, check=2)
-        assert "commdiag: error:" in cp.stderr
+        assert "commdiag: error:" in words(cp.stderr)
     assert list(root.iterdir()) == []

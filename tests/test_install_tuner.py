@@ -129,15 +129,15 @@ def test_install_status_reinstall_and_exact_undo(root, rules_file, tmp_path_fact
     # dry run: the whole plan, the library as size and hash (never its bytes), and nothing changed
     cp = cli(*common, "--dry-run", check=0)
     assert tree(root) == before
-    assert f"--- {LIB}: commdiag's file (absent -> file, mode 0755)" in cp.stdout
-    assert "  planned: " in cp.stdout and " bytes, sha256 " in cp.stdout and "ELF" not in cp.stdout
-    assert f"--- {RULES_AT}: commdiag's file (absent -> file, mode 0644)" in cp.stdout
-    assert "+coll=allreduce min_bytes=0 max_bytes=2097152" in cp.stdout
-    assert f"+NCCL_TUNER_PLUGIN={LIB}" in cp.stdout
+    assert f"--- {LIB}: commdiag's file (absent -> file, mode 0755)" in words(cp.stdout)
+    assert "  planned: " in cp.stdout and " bytes, sha256 " in words(cp.stdout) and "ELF" not in words(cp.stdout)
+    assert f"--- {RULES_AT}: commdiag's file (absent -> file, mode 0644)" in words(cp.stdout)
+    assert "+coll=allreduce min_bytes=0 max_bytes=2097152" in words(cp.stdout)
+    assert f"+NCCL_TUNER_PLUGIN={LIB}" in words(cp.stdout)
 
     # install: the files in the stable place, the target's paths (no staging prefix) everywhere
     cp = cli(*common, check=0)
-    assert "verify: OK" in cp.stdout and "see all 3 settings" in cp.stdout
+    assert "verify: OK" in words(cp.stdout) and "see all 3 settings" in words(cp.stdout)
     lib, rules = root / LIB.lstrip("/"), root / RULES_AT.lstrip("/")
     assert rules.read_bytes() == RULES and stat.S_IMODE(rules.stat().st_mode) == 0o644
     assert stat.S_IMODE(lib.stat().st_mode) == 0o755
@@ -163,14 +163,14 @@ def test_install_status_reinstall_and_exact_undo(root, rules_file, tmp_path_fact
     assert "nothing to change: already in place" in cli(*common, check=0).stdout
     rules_file.write_bytes(RULES + b"coll=allgather min_bytes=0 max_bytes=65536 nranks=2 nnodes=1 algo=ring proto=ll\n")
     cp = cli(*common, check=0)
-    assert f"commdiag's file: {RULES_AT} (file -> file)" in cp.stdout and f"commdiag's file: {LIB}" not in cp.stdout
+    assert f"commdiag's file: {RULES_AT} (file -> file)" in words(cp.stdout) and f"commdiag's file: {LIB}" not in words(cp.stdout)
     assert rules.read_bytes() == rules_file.read_bytes()
 
     # rules edited on disk into something the plugin refuses: status says so, names the line
     rules.write_bytes(RULES + b"coll=allreduce algo=ring\n")
     cp = cli("--status", "--root", root, check=1)
-    assert f"{RULES_AT}: changed since install" in cp.stdout
-    assert "rules: FAIL: the plugin would refuse them:" in cp.stdout and "line 4: missing key" in cp.stdout
+    assert f"{RULES_AT}: changed since install" in words(cp.stdout)
+    assert "rules: FAIL: the plugin would refuse them:" in words(cp.stdout) and "line 4: missing key" in words(cp.stdout)
     rules.write_bytes(rules_file.read_bytes())
 
     # the tuner files stay while an install names them, and go with the last one
@@ -185,7 +185,7 @@ def test_an_install_without_tuner_removes_the_earlier_tuner_files(root, rules_fi
     cli("--root", root, "--tuner", rules_file, "--nccl-conf", check=0)
     assert (root / LIB.lstrip("/")).is_file()
     cp = cli("--root", root, "--set", "NCCL_PROTO=LL", "--nccl-conf", check=0)
-    assert "the tuner files are no longer named by any install; removed" in cp.stdout
+    assert "the tuner files are no longer named by any install; removed" in words(cp.stdout)
     assert not (root / TUNER_DIR.lstrip("/")).exists()
     assert (root / "etc/nccl.conf").read_text().count("NCCL_TUNER") == 0
     cli("--uninstall", "--root", root, "--nccl-conf", check=0)
@@ -201,11 +201,11 @@ def test_files_that_are_not_commdiags_are_refused_then_restored_byte_for_byte(ro
     (d / "commdiag-tuner-rules.txt").write_bytes(b"# commdiag-tuner-rules 1\n# theirs\n")
     before = tree(root)
     cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", check=2)
-    assert f"{LIB}: exists and is not commdiag's" in cp.stderr and "Traceback" not in cp.stderr
+    assert f"{LIB}: exists and is not commdiag's" in words(cp.stderr) and "Traceback" not in words(cp.stderr)
     assert tree(root) == before
     cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", "--force", "--dry-run", check=0)
     assert f"  now: {len(theirs)} bytes, sha256 {hashlib.sha256(theirs).hexdigest()}" in cp.stdout
-    assert "someone" not in cp.stdout  # a binary: never its bytes
+    assert "someone" not in words(cp.stdout)  # a binary: never its bytes
     assert tree(root) == before
     cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", "--force", check=0)
     assert "replacing a file that is not commdiag's (--force)" in words(cp.stdout)
@@ -219,15 +219,16 @@ def test_bad_rules_are_one_error_naming_the_line_and_nothing_changes(root, tmp_p
     bad.write_bytes(RULES + b"coll=allreduce min_bytes=0 max_bytes=1 nranks=2 nnodes=1 algo=warp proto=ll\n")
     before = tree(root)
     cp = cli("--root", root, "--tuner", bad, "--nccl-conf", check=2)
-    assert f"{bad}: line 4: " in one_message(cp.stderr) and "warp" in cp.stderr and "Traceback" not in cp.stderr
+    assert one_message(cp.stderr) and "Traceback" not in words(cp.stderr)
+    assert f"{bad}: line 4: " in words(cp.stderr) and "warp" in words(cp.stderr)
     assert tree(root) == before
     # not a regular file: refused as the plugin refuses it, without blocking on a FIFO
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     cp = cli("--root", root, "--tuner", fifo, "--nccl-conf", check=2)
-    assert f"{fifo}: not a regular file" in one_message(cp.stderr)
+    assert f"{fifo}: not a regular file" in words(cp.stderr)
     cp = cli("--root", root, "--tuner", tmp_path / "missing.txt", "--nccl-conf", check=2)
-    assert "missing.txt: cannot open: No such file or directory" in one_message(cp.stderr)
+    assert "missing.txt: cannot open: No such file or directory" in words(cp.stderr)
     assert tree(root) == before
 
 
@@ -237,27 +238,27 @@ def test_a_run_folder_needs_commdiag_tuner_rules(root, tmp_path):
     before = tree(root)
     cp = cli("--root", root, "--tuner", run, "--nccl-conf", check=2)
     if importlib.util.find_spec("commdiag.tuner.fromrun") is None:
-        assert "rules from a run folder need commdiag tuner rules" in cp.stderr
-    assert "Traceback" not in cp.stderr  # with fromrun: its own error, an empty folder certifies nothing
+        assert "rules from a run folder need commdiag tuner rules" in words(cp.stderr)
+    assert "Traceback" not in words(cp.stderr)  # with fromrun: its own error, an empty folder certifies nothing
     assert tree(root) == before
 
 
 def test_no_compiler_is_one_error_before_anything_changes(root, rules_file):
     before = tree(root)
     cp = cli("--root", root, "--tuner", rules_file, "--nccl-conf", "--cc", "/nonexistent/cc", check=2)
-    assert "no C compiler" in cp.stderr and "Traceback" not in cp.stderr
+    assert "no C compiler" in words(cp.stderr) and "Traceback" not in words(cp.stderr)
     assert tree(root) == before
 
 
 def test_tuner_with_status_or_uninstall_is_a_usage_error(root, rules_file):
     for flag in ("--status", "--uninstall"):
         cp = cli(flag, "--root", root, "--tuner", rules_file, check=2)
-        assert "--tuner installs" in cp.stderr
+        assert "--tuner installs" in words(cp.stderr)
 
 
 def test_a_tuner_variable_given_twice_is_refused(root, rules_file):
     cp = cli("--root", root, "--tuner", rules_file, "--set", "NCCL_TUNER_PLUGIN=/x.so", "--nccl-conf", check=2)
-    assert "NCCL_TUNER_PLUGIN: given by --tuner and also by" in cp.stderr
+    assert "NCCL_TUNER_PLUGIN: given by --tuner and also by" in words(cp.stderr)
 
 
 @pytest.mark.parametrize("state, why", [
@@ -287,5 +288,5 @@ def test_a_manifest_naming_a_tuner_file_elsewhere_is_refused(root, rules_file, w
     manifest.write_text(json.dumps(m))
     before = tree(root)
     cp = cli("--uninstall", "--all", "--root", root, check=2)
-    assert "is not a file commdiag writes in the owned role" in cp.stderr and "Traceback" not in cp.stderr
+    assert "is not a file commdiag writes in the owned role" in words(cp.stderr) and "Traceback" not in words(cp.stderr)
     assert tree(root) == before

@@ -1,4 +1,4 @@
-"""The newcomer's path (issue 13): the README leads, the worker check works from any folder, output fits.
+"""The newcomer's path: the README leads, the worker check works from any folder, output fits.
 
 Real CLI subprocesses; the README is read as a file, so a command it shows is the command tested.
 """

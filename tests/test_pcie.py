@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from commdiag import linewrap
 from commdiag.environment import doctor, pciconfig, pcie, pcieadvice, sysfscapture
 from commdiag.environment.sysfs import MAX_ENTRIES, SysfsTree
 from commdiag.errors import CommdiagError
@@ -133,7 +134,7 @@ def test_switch_with_acs_on_and_a_translating_iommu(tmp_path):
     assert "ACSCtl: SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+" in recs["acs"]["evidence"]
     assert "redirecting all PCI point-to-point traffic to the CPU root complex" in recs["acs"]["evidence"]
     assert "ECAP_ACS+0x6.w=0000" in recs["acs"]["action"] and "iommu=pt" in recs["iommu"]["action"]
-    text = pcieadvice.render(a)
+    text = linewrap.fit("\n".join(pcieadvice.render(a))).split("\n")  # as the CLI prints it
     assert max(map(len, text)) <= 100
     assert any("GPU0-GPU1: meet at 0000:01:00.0; 2 bridges between; ACS redirect on at 0000:02:00.0" in l
                for l in text)
@@ -248,7 +249,7 @@ def test_eight_gpus_on_two_sockets_a_matrix_within_100_columns(tmp_path):
     verdicts = {p.label: p.verdict for p in a.pairs}
     # only GPU pairs behind the same switch whose downstream ports both have ACS off go direct
     assert sorted(k for k, v in verdicts.items() if v == "not redirected") == ["GPU2-GPU3", "GPU6-GPU7"]
-    text = pcieadvice.render(a)
+    text = linewrap.fit("\n".join(pcieadvice.render(a))).split("\n")  # as the CLI prints it
     assert max(map(len, text)) <= 100
     at = text.index("  GPU pairs, ACS between them: REDIR redirected, ok not redirected, root? needs root, - no bridge")
     assert text[at + 1].split() == [f"GPU{i}" for i in range(8)]

@@ -1,4 +1,4 @@
-"""Uninstall trusts nothing it reads back (issue 12, items 6 and 7).
+"""Uninstall trusts nothing it reads back.
 
 Installs go into a staged root (``--root``, nccl.conf and a systemd drop-in: no interpreter
 start needed); the manifest is then damaged the ways seen in the adversarial pass.  Every case
@@ -140,7 +140,7 @@ def test_a_manifest_writable_by_others_is_refused(staged):
     assert cli("--uninstall", "--all", "--root", root).returncode == 0
 
 
-# --------------------------------------------------------------------------- item 7: the user's own marker line
+# --------------------------------------------------------------------------- the user's own marker line
 
 def test_uninstall_keeps_user_lines_after_a_users_own_marker(tmp_path):
     root = tmp_path / "root"

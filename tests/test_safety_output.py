@@ -1,4 +1,4 @@
-"""The one output-path writer (issue 12, item 2): regular files atomically, everything else refused.
+"""The one output-path writer: regular files atomically, everything else refused.
 
 Device nodes, FIFOs and sockets are made inside tmp_path (never the real /dev): ``report --out
 /dev/null`` as root once replaced /dev/null with a 4.8 MB regular file.
@@ -134,7 +134,7 @@ def test_report_out_into_nowhere_is_one_error(tmp_path, run_copy, out):
     assert _state(tmp_path) == before
 
 
-# --------------------------------------------------------------------------- the top-level handler (item 10)
+# --------------------------------------------------------------------------- the top-level handler
 
 @pytest.mark.parametrize("content", ['{"nvml_readings": 5}', "[1, 2]", '{"gpus": [5]}',
                                      '{"gpus": [{"index": "x"}], "pairs": []}'])

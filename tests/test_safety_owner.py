@@ -93,16 +93,15 @@ def test_a_venv_owned_by_another_user_is_refused_then_run_as_that_user(area):
     for extra in ((), ("--dry-run",), ("--status",)):
         cp = cli("--root", root, "--python", py, "--set", "NCCL_PROTO=LL", *extra)
         assert cp.returncode == 2, cp.stdout + cp.stderr
-        message = one_message(cp.stderr)  # one message, wrapped at 100 columns
-        assert f"{root}/home/u: owned by uid {NOBODY} (nobody)" in message and "--allow-user-owned" in message
-        assert "Traceback" not in cp.stderr
+        assert f"{root}/home/u: owned by uid {NOBODY} (nobody)" in words(cp.stderr) and "--allow-user-owned" in words(cp.stderr)
+        assert one_message(cp.stderr) and "Traceback" not in words(cp.stderr)
     assert tree(root) == before and uids(log) == set()  # nothing of the venv ran at all
     cp = cli("--root", root, "--python", py, "--set", "NCCL_PROTO=LL", "--allow-user-owned")
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert f"verify: OK: a fresh {py} (started as uid {NOBODY})" in words(cp.stdout)
     assert uids(log) == {str(NOBODY)}  # the verification (and its spawn child) ran as nobody only
     cp = cli("--status", "--root", root, "--python", py, "--allow-user-owned")
-    assert "loads at start: yes" in cp.stdout, cp.stdout + cp.stderr
+    assert "loads at start: yes" in words(cp.stdout), cp.stdout + cp.stderr
     cp = cli("--python", py, "--json", command="detect")  # read-only: probed as the owner, always
     assert cp.returncode in (0, 1) and json.loads(cp.stdout), cp.stderr
     cp = cli("--uninstall", "--root", root, "--python", py)  # no start needed: by the recorded target
@@ -141,7 +140,7 @@ def test_root_writes_only_inside_the_user_venvs_prefix(area):
     chown_tree(root / "home/u", NOBODY)
     before = tree(system)
     cp = cli("--root", root, "--python", venv / "bin/python", "--set", "NCCL_PROTO=LL", "--allow-user-owned")
-    assert cp.returncode == 2 and f"resolves to {system}/" in words(cp.stderr) and "outside" in cp.stderr, \
+    assert cp.returncode == 2 and f"resolves to {system}/" in words(cp.stderr) and "outside" in words(cp.stderr), \
         cp.stdout + cp.stderr
     assert tree(system) == before
 
@@ -164,6 +163,5 @@ def test_a_forged_probe_reply_cannot_choose_where_root_writes(area):
     before = tree(root / "usr")
     cp = cli("--root", root, "--python", fake, "--set", "NCCL_PROTO=LL", "--allow-user-owned")
     assert cp.returncode == 2, cp.stdout + cp.stderr
-    assert f"its probe says its prefix is {root / 'usr'}, which is not where the interpreter lives" in \
-        words(cp.stderr)
+    assert f"its probe says its prefix is {root / 'usr'}, which is not where the interpreter lives" in words(cp.stderr)
     assert tree(root / "usr") == before

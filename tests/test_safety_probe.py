@@ -1,4 +1,4 @@
-"""Hostile ``--python`` targets (issue 12, items 5, 10, 11): every reply ends in one bounded error,
+"""Hostile ``--python`` targets: every reply ends in one bounded error,
 no child of the target outlives the probe, and nothing it prints reaches a terminal raw.
 
 The "interpreters" are small executable scripts in tmp_path that answer the probe badly on purpose.

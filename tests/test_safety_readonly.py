@@ -1,4 +1,4 @@
-"""Read-only commands are read-only (issue 12, item 3): load_run, report and compare never write
+"""Read-only commands are read-only: load_run, report and compare never write
 measured data; only the sweep (``assemble(..., write=True)``) rebuilds samples.csv/summary.csv.
 
 Run folders are a recorded CPU run (tests/fixtures/runs/cpu-aa-a) damaged in the ways seen in the
@@ -19,7 +19,7 @@ import pytest
 from commdiag.formats import results
 from commdiag.errors import CommdiagError
 
-from conftest import REPO, one_message, run_cli
+from conftest import REPO, one_message, run_cli, words
 
 # run folders are read with pandas; CI's second run (Debian's python3.11, the install tests' few
 # dependencies) has none
@@ -134,7 +134,7 @@ def test_report_and_compare_of_a_folder_without_data_write_nothing(tmp_path, cmd
     assert _tree(run) == before
 
 
-# --------------------------------------------------------------------------- corrupted run folders (item 10)
+# --------------------------------------------------------------------------- corrupted run folders
 
 def _j(run: Path, change):
     data = json.loads((run / "run.json").read_text())
@@ -180,6 +180,6 @@ def test_corrupted_run_folders_are_one_error_and_untouched(tmp_path, name):
     for args in calls:
         r = run_cli(*args, timeout=120)
         assert r.returncode == 2, r.stderr
-        assert r.stderr.startswith("commdiag: error: ") and one_message(r.stderr), r.stderr
+        assert r.stderr.startswith("commdiag: error:") and one_message(r.stderr), r.stderr
         assert "Traceback" not in r.stderr and "failed:" not in r.stderr, r.stderr  # named, not generic
     assert _tree(run) == before and not (tmp_path / "r.html").exists()

@@ -1,4 +1,4 @@
-"""One process per run folder and no orphaned launch (issue 12, items 4 and 5), with real processes.
+"""One process per run folder and no orphaned launch, with real processes.
 
 A child commdiag process holds the run folder's lock; a second one is refused with the holder's
 pid; the lock dies with its holder (kill -9).  Orphans are real processes carrying a launch's

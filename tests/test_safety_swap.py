@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, words
+from conftest import REPO, one_message, words
 from pythons import plain_python
 
 SETS = ["--set", "NCCL_PROTO=LL"]
@@ -104,7 +104,7 @@ def test_uninstall_through_a_site_packages_swapped_for_a_link(staged):
                if line.startswith("  refused") or line.startswith("    ")), cp.stdout
     assert "__pycache__" not in json.dumps(manifest(root))  # bytecode is never recorded
     status = cli("--status", "--root", root, "--python", root / "usr/bin/python")
-    assert words(status.stdout).count(": as installed") == 2, status.stdout  # a long path wraps before it
+    assert words(status.stdout).count(": as installed") == 2, status.stdout
     # the user puts their directory back: the uninstall completes
     user_sp.unlink()
     user_sp.with_name("site-packages.away").rename(user_sp)

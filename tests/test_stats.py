@@ -156,7 +156,7 @@ def test_the_paired_floor_rounds_estimate_and_interval():
 
 
 def test_the_cpu_twin_that_was_crowned_is_not_certified():
-    # The issue's real case: gloo A/A on CPU, launch medians 2630/2418/3275 (default) vs 717/847/847 us
+    # A real case: gloo A/A on CPU, launch medians 2630/2418/3275 (default) vs 717/847/847 us
     # (twin_b): the old t interval said "0.291 faster" and named a winner.  Screening still shows the
     # estimate; stage 2's fresh launches fall into the same two states for both and certify nothing.
     stage1 = {"default": [2630.0, 2418.0, 3275.0], "twin_a": [2500.0, 800.0, 2900.0], "twin_b": [717.0, 847.0, 847.0]}

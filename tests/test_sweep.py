@@ -284,7 +284,7 @@ def test_reuse_process_refuses_a_users_own_nccl_debug(tmp_path):
 
 
 def test_second_sweep_in_a_folder_is_refused_and_resume_after_kill_9_ends_the_orphans(tmp_path):
-    # issue 12 items 4 and 5: one process per run folder; a launch left running by a killed commdiag
+    # one process per run folder; a launch left running by a killed commdiag
     # is found by its recorded marker and ended before --resume reruns it.
     out = tmp_path / "run"
     # The deadline covers every launch, the healthy one too: 30 s holds for a 4-7 s launch on a machine

@@ -23,7 +23,7 @@ import pytest
 
 from commdiag.errors import CommdiagError
 from commdiag.tuner import build, rules
-from conftest import one_message, run_cli
+from conftest import run_cli, one_message, words
 
 TESTS = Path(__file__).resolve().parent
 WARN, INFO = 2, 3
@@ -207,11 +207,11 @@ def test_cli_build_prints_the_library_and_env_lines(tmp_path, lib_path):
     lib = out / "libnccl-tuner-commdiag.so"
     assert lib.is_file()
     assert f"  NCCL_TUNER_PLUGIN={lib}\n" in p.stdout and f"  NCCL_TUNER_CONFIG_FILE={r}\n" in p.stdout
-    assert "3 rules" in p.stdout
+    assert "3 rules" in words(p.stdout)
     bad = tmp_path / "bad.rules"
     bad.write_text("# commdiag-tuner-rules 1\ncoll=allreduce algo=ring\n")
     p = run_cli("tuner", "build", "--out", out, "--rules", bad, timeout=120)
-    assert p.returncode == 2 and f"{bad}: line 2: missing key 'min_bytes'" in one_message(p.stderr)
+    assert p.returncode == 2 and f"{bad}: line 2: missing key 'min_bytes'" in words(p.stderr)
 
 
 # ---------------------------------------------------------------- matching
@@ -629,7 +629,7 @@ def test_fuzzed_files_under_address_leak_and_ub_sanitizers(tmp_path):
     finally:
         if corpus != tmp_path:
             shutil.rmtree(corpus, ignore_errors=True)
-    if "LeakSanitizer has encountered a fatal error" in r.stderr:
+    if "LeakSanitizer has encountered a fatal error" in words(r.stderr):
         pytest.skip("LeakSanitizer cannot run here (ptrace restricted)")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith(f"{len(files)} files ")

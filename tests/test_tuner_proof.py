@@ -1,4 +1,4 @@
-"""Proof that a tuner plugin loaded and which rule fired (issue 14 parts 4-5): NCCL's and the plugin's
+"""Proof that a tuner plugin loaded and which rule fired: NCCL's and the plugin's
 lines parsed from the real 2x H200 recording and from failure lines built from NCCL 2.28.9's source,
 check-env's and explain's verdicts on them, spec validation of tuned configs, and the sweep's proof."""
 

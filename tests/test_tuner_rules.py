@@ -1,4 +1,4 @@
-"""Rules from a sweep (issue 14 part 2): ``commdiag tuner rules RUN_DIR`` and ``tuner/fromrun.py``.
+"""Rules from a sweep: ``commdiag tuner rules RUN_DIR`` and ``tuner/fromrun.py``.
 
 Run folders are the recorded GPU run (benchmarks/h200x2-2026-11-30/nvlink2), synthetic folders in
 the real formats (run.json format 3 + one launch result.json per launch, read back by

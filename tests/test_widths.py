@@ -55,8 +55,8 @@ def test_report_and_explain_of_every_recorded_run_fit_100_columns(run, tmp_path)
     ("tests/fixtures/runs/cpu-aa-a", "tests/fixtures/runs/cpu-faults"),
     ("benchmarks/h200x2-2026-11-29b/nvlink2-aa", "benchmarks/h200x2-2026-11-30/nvlink2-aa"),
     ("benchmarks/h200x2-2026-11-29b/nvlink2", "benchmarks/h200x2-2026-11-29b/nvlink2-p2poff"),
-    ("benchmarks/h200x2-2026-11-30-s4/step", "benchmarks/h200x2-2026-11-30-s4/step-p2poff"),
-    ("benchmarks/h200x2-2026-11-30-s4/tuned-p2pon", "benchmarks/h200x2-2026-11-30-s4/tuned-p2poff"),
+    ("benchmarks/h200x2-2026-11-30-tuner/step", "benchmarks/h200x2-2026-11-30-tuner/step-p2poff"),
+    ("benchmarks/h200x2-2026-11-30-tuner/tuned-p2pon", "benchmarks/h200x2-2026-11-30-tuner/tuned-p2poff"),
 ])
 def test_compare_of_recorded_runs_fits_100_columns(a, b):
     code, out, err = _invoke("compare", REPO / a, REPO / b)
@@ -118,6 +118,6 @@ def test_detect_and_doctor_on_gpu_recordings_fit_100_columns(recording):
 
 
 def test_tuner_rules_of_a_recorded_run_fit_100_columns(tmp_path):
-    code, out, err = _invoke("tuner", "rules", REPO / "benchmarks" / "h200x2-2026-11-30-s4" / "tuner-sizes")
+    code, out, err = _invoke("tuner", "rules", REPO / "benchmarks" / "h200x2-2026-11-30-tuner" / "tuner-sizes")
     assert code == 0 and "coll=allreduce" in out, err
     assert not _long(out) and not _long(err), _long(out) + _long(err)

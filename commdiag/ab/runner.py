@@ -147,21 +147,24 @@ def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_prog
                  f"{spec.rounds} rounds, shuffled within each round)")
     walls: list[float] = []
     interrupted = False
-    for n, launch in enumerate(pending, 1):
-        try:
-            one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env)
-        except KeyboardInterrupt:
-            for key in list(launch):
-                if key not in LAUNCH_KEYS:
-                    launch.pop(key)
-            launch["status"] = PENDING
-            interrupted = True
-            break
-        finally:
-            save(run_dir, run)
-        walls.append(launch.get("wall_s", 0.0))
-        if on_progress:
-            on_progress(Progress(n, len(pending), launch, (len(pending) - n) * sum(walls) / len(walls)))
+    try:
+        for n, launch in enumerate(pending, 1):
+            try:
+                one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env)
+            except KeyboardInterrupt:
+                for key in list(launch):
+                    if key not in LAUNCH_KEYS:
+                        launch.pop(key)
+                launch["status"] = PENDING
+                interrupted = True
+                break
+            finally:
+                save(run_dir, run)
+            walls.append(launch.get("wall_s", 0.0))
+            if on_progress:
+                on_progress(Progress(n, len(pending), launch, (len(pending) - n) * sum(walls) / len(walls)))
+    except KeyboardInterrupt:  # between launches (saving, printing): resumable all the same
+        interrupted = True
     run["state"] = "interrupted" if interrupted else "complete"
     run["finished_utc"] = None if interrupted else _utc()
     save(run_dir, run)

@@ -43,13 +43,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, linewrap
 from . import celltime, machinereport, stats, verdict
 from ..measure import collectives
 from ..formats import results
 from .screening import band_text
 from ..atomic import write_text
-from ..linewrap import fit_lines
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf"]
@@ -700,7 +699,7 @@ def render_verdicts(verdicts: verdict.Verdicts) -> str:
     for w in verdicts.warnings:
         lines.append(f"warning: {w}")
     lines += machinereport.summary_lines(verdicts)
-    return "\n".join(fit_lines(lines))
+    return linewrap.fit("\n".join(lines))
 
 
 def _fit(name: str, width: int) -> str:

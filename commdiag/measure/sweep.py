@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, metadata
+from .. import __version__, linewrap, metadata
 from ..analyse import certify, paired, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
 from . import launcher, machinestate, runlock
 from ..formats import results
 from ..errors import CommdiagError
-from ..linewrap import fit_lines
 from ..formats.spec import Spec, launch_order
 
 TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
@@ -388,7 +387,7 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
             lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
                          f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
                          "the rounds every claim needs)")
-    return StagePlan("start", len(pending), len(pending) * per if per else None, tuple(fit_lines(lines)))
+    return StagePlan("start", len(pending), len(pending) * per if per else None, _fit(lines))
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
@@ -404,19 +403,25 @@ def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: 
             outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
         if outcome.interrupted:
             for launch in batch:
+                if launch.get("marker"):  # whatever it had started ends with it (Ctrl-C mid-start)
+                    launcher.kill_marked(launch["marker"])
                 for key in list(launch):
                     if key not in LAUNCH_KEYS:
                         launch.pop(key)
                 launch["status"] = results.PENDING
             results.save_run(run_dir, run)
             return True
-        done_walls.append(outcome.wall_s / len(batch))
-        results.save_run(run_dir, run)
-        for launch in batch:
-            done += 1
-            if on_progress:
-                left = len(pending) - done
-                on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+        try:
+            done_walls.append(outcome.wall_s / len(batch))
+            results.save_run(run_dir, run)
+            for launch in batch:
+                done += 1
+                if on_progress:
+                    left = len(pending) - done
+                    on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+        except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
+            results.save_run(run_dir, run)
+            return True
     return False
 
 
@@ -519,7 +524,12 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
         lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
                      f"default in {c.where}, {c.mode} mode{scr} [{c.reason}]")
-    return StagePlan("confirm", n, n * wall if wall else None, tuple(fit_lines(lines)))
+    return StagePlan("confirm", n, n * wall if wall else None, _fit(lines))
+
+
+def _fit(lines) -> tuple[str, ...]:
+    """Plan lines within 100 columns (linewrap.py)."""
+    return tuple(out for line in lines for out in linewrap.fit_line(line))
 
 
 def _why_rounds(claims, total: int, thr: float) -> str:

@@ -10,5 +10,5 @@ tuner plugin chooses per collective and size.  This part owns:
 * ``fromrun.py``: rules from a run folder's certified per-size winners (``commdiag tuner rules``).
 
 docs/tuner.md is the manual: the rules format, what the plugin logs, the channel trap of NCCL's
-example plugin, rules from a sweep, and what of issue 14 is still to come.
+example plugin, rules from a sweep, and what is still to come.
 """

@@ -24,9 +24,9 @@ nothing was certified, so no rule covers it: never a midpoint.
 
 Every rule gets ``mode=any``: the sweep forced its choice through the environment, which applies
 to every call, graph or eager, so ``any`` is what was measured.  (On 2x H200 with NCCL 2.28.9,
-benchmarks/h200x2-2026-11-30-s4/tuned-p2pon, NCCL passed ``regBuff=1`` for the all-reduces torch
+benchmarks/h200x2-2026-11-30-tuner/tuned-p2pon, NCCL passed ``regBuff=1`` for the all-reduces torch
 captured into a CUDA graph and ``regBuff=0`` for its eager calls, so a ``mode=graph`` rule would
-reach the captured calls only; session 3's probe had seen only eager calls' lines.)
+reach the captured calls only; the first probe (benchmarks/h200x2-2026-11-30/tuner-probe) had seen only eager calls' lines.)
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from . import rules as rules_mod
 from .rules import Rule
 
 DERIVED_FORMAT = "commdiag-tuner-rules-derived"
-DERIVED_VERSION = 1  # 1: issue 14 part 2 (docs/formats.md)
+DERIVED_VERSION = 1  # 1: the first format (docs/formats.md)
 
 COLL = "allreduce"  # commdiag sweeps time all-reduce; its "bytes" is NCCL's nBytes for it
 RULE_MODE = "any"  # module docstring: what the environment forced in the sweep
@@ -215,7 +215,7 @@ def _p2p_disabled(run: dict, default_env: dict) -> bool:
 
 def recorded_topology(run: dict):
     """The GPU topology the run recorded (``fingerprint.nvml_readings``, the layout of ``detect --json``'s
-    ``nvml_readings``, which sweeps of backend nccl record since session 4), analysed; None when the run
+    ``nvml_readings``, which sweeps of backend nccl record since 2026-11-30), analysed; None when the run
     recorded none (an older run, or NVML was unavailable: ``fingerprint.nvml_readings_error`` says why)."""
     from ..environment import topology
 

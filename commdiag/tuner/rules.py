@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import CommdiagError
 
 # Format history (the version is the number after the header; the plugin refuses any other):
-#   1  (commdiag 0.1, issue 14) coll, min_bytes, max_bytes (inclusive), nranks, nnodes, algo, proto;
+#   1  (commdiag 0.1) coll, min_bytes, max_bytes (inclusive), nranks, nnodes, algo, proto;
 #      optional channels (0 = NCCL decides) and mode (any | graph | eager = NCCL's regBuff hint).
 FORMAT_VERSION = 1
 HEADER = "# commdiag-tuner-rules "

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Session 4's GPU runs (issues 14 and 15), as sent to a lent 2-GPU machine (device tool), carrying
+# The 2026-11-30 tuner and step GPU runs (benchmarks/h200x2-2026-11-30-tuner/), run on a 2-GPU machine, carrying
 # .whl (plotly) and .nccl-tests (a snapshot of NVIDIA/nccl-tests, git-ignored):
-#   BUDGET_S=560 bash benchmarks/gpu_session4.sh STAGE...   # each stage once; call again to continue
+#   BUDGET_S=560 bash benchmarks/gpu_tuner_step.sh STAGE...   # each stage once; call again to continue
 # Stages mark themselves done in /tmp/gpu; a sweep cut by the deadline resumes (--resume) on the next
 # call on the same warm machine.  Leaves $OUT/gpu.tgz (run folders trimmed of per-launch raw files
 # except the NCCL logs the tuner proof needs).  NVLink multicast stays off everywhere.
-#   reconcile  nccl-tests vs commdiag for the seed settings at 14.7 MB (issue 14, "reconcile one number")
-#   step       commdiag step, seed-shaped MoE at TP=2, decode sizes, default vs seed (issue 15)
+#   reconcile  nccl-tests vs commdiag for the seed settings at 14.7 MB
+#   step       commdiag step, seed-shaped MoE at TP=2, decode sizes, default vs seed
 #   step-p2poff  the same with NCCL_P2P_DISABLE=1
 #   reconcile-l2  benchmarks/reconcile_l2.py: in place vs out of place, 117 MB slice, L2 flush, random data
 #   proof      check-env --nccl with the tuner plugin: loaded, missing library, bad rules (after tuner)
 #   tuner      per-size certified PROTO x ALGO sweep -> tuner rules -> default vs tuned (certified per size),
-#              with and without NCCL_P2P_DISABLE=1 (issue 14)
+#              with and without NCCL_P2P_DISABLE=1
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 if [ -d .whl ]; then  # plotly is not installed there: carried wheels
@@ -42,7 +42,7 @@ run_stage() {  # NAME COMMAND SPEC [args]: new run or resume, cut by SIGINT befo
   [ $rc -ne 130 ] && [ $rc -ne 124 ] && [ $rc -ne 2 ] && touch $G/done-$name; return $rc
 }
 
-reconcile() {  # nccl-tests (built here from the carried snapshot) and commdiag, same session, seed settings
+reconcile() {  # nccl-tests (built here from the carried snapshot) and commdiag, same machine and boot, seed settings
   [ -f $G/done-reconcile ] && return 0
   local R=$G/reconcile; mkdir -p $R
   local NH; NH=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])')
@@ -72,7 +72,7 @@ seed-14.7MB-bf16-registered NCCL_PROTO=LL,NCCL_ALGO=Ring,NCCL_P2P_LEVEL=SYS,NCCL
 default-14.7MB-bf16 NCCL_NVLS_ENABLE=0 -b $B -e $B -g 2 -w 20 -n 100 -d bfloat16
 V
   grep -E '^###|^ +14680064|^ +117440512|rc=' $R/nccl-tests.txt | tee $R/nccl-tests-summary.txt
-  # commdiag at the same two sizes, same session: default and seed, graph and eager, torch and nccl-direct
+  # commdiag at the same two sizes, same machine and boot: default and seed, graph and eager, torch and nccl-direct
   cat > $R/spec.yaml <<S
 name: reconcile
 backend: nccl
