@@ -121,3 +121,18 @@ def test_tuner_rules_of_a_recorded_run_fit_100_columns(tmp_path):
     code, out, err = _invoke("tuner", "rules", REPO / "benchmarks" / "h200x2-2026-11-30-tuner" / "tuner-sizes")
     assert code == 0 and "coll=allreduce" in out, err
     assert not _long(out) and not _long(err), _long(out) + _long(err)
+
+
+def test_rows_with_fewer_launches_say_why_on_a_recorded_two_stage_run():
+    from commdiag import cli
+    from commdiag.formats import results
+
+    text = cli.render_table(results.load_run(REPO / "benchmarks" / "h200x2-2026-11-30" / "nvlink2-aa"))
+    assert not _long(text)
+    flat = " ".join(text.split())
+    # stage 2 measured the claims' mode (graph) at the band sizes: the other rows have screening launches only
+    assert "note: eager, eager-direct, graph-direct mode: screening launches only (stage 2 measures only the " \
+           "claims' mode, graph)" in flat
+    assert "note: 1835008 B: screening launches only (outside every band; stage 2 measures band sizes)" in flat
+    counts = {l.split()[2]: int(l.split()[-3]) for l in text.splitlines() if l.split()[0] == "14336"}
+    assert counts["graph"] > counts["eager"]  # the rows the notes explain
