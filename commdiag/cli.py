@@ -147,8 +147,8 @@ def _progress_line(p) -> str:
               help="Stop after screening (stage 1): estimates only, no certified verdict, no profile; "
                    "commdiag confirm RUN_DIR certifies later.")
 @click.option("--certify-sizes", is_flag=True,
-              help="Also certify every config x size (one-stage exact test): raises trials to what that needs "
-                   "(9-11 launches per config); the cost is printed before the first launch.")
+              help="Also certify every config x size (one-stage exact test, paired by trial): raises trials "
+                   "to what that needs (9-18 launches per config); the cost is printed before the first launch.")
 def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes):
     """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial), then
     confirm the screening's candidates on fresh launches (stage 2) for a certified answer."""

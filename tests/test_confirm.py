@@ -112,24 +112,38 @@ def test_certify_sizes_prints_its_cost_and_raises_trials(tmp_path):
     spec = load_spec(REPO / "sweeps" / "pcie8.yaml")
     raised, plan = sweep._certify_sizes_plan(spec)
     m, k = certify.size_claims_needed(26, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
-    assert m == 390 and 9 <= k <= 11 and raised.trials == k  # 26 configs besides default, 15 sizes
-    assert plan.launches == 27 * k and f"{k} launches per config" in plan.lines[0]
+    # 26 configs besides default, 15 sizes; paired by trial, two-sided: 2/2^18 <= 0.005/390 < 2/2^17
+    assert m == 390 and k == 18 and raised.trials == k
+    assert plan.launches == 27 * k and f"paired by trial: {k} trials" in " ".join(plan.lines)
     assert "min" in plan.lines[0]
 
 
-def test_certify_sizes_tests_every_cell_at_once():
+def test_certify_sizes_tests_every_cell_at_once_paired_by_trial():
     sizes = {4096: 1, 65536: 16}
-    values = []
-    for c, factor in (("default", 1.0), ("slow", 1.5), ("aa", 1.0)):
-        for l in range(10):
+    trials = certify.size_claims_needed(2, len(sizes), stats.ALPHA / 2)[1]
+    assert trials == 11  # 4 claims at 0.005 / 4: 2/2^11 reaches it, 2/2^10 does not
+    values, trial_of = [], {}
+    for t in range(trials):
+        for c, factor in (("default", 1.0), ("slow", 1.5), ("aa", 1.0)):
+            launch = 100 * t + len(c)
+            trial_of[launch] = t
             for s in sizes:
-                values.append(stats.LaunchValue(c, 100 * l + len(c), s, "graph",
-                                                float(stats.math.log(10 * factor * (1 + 0.01 * ((l * 7) % 5)))), 1))
+                values.append(stats.LaunchValue(c, launch, s, "graph",
+                                                float(stats.math.log(10 * factor * (1 + 0.01 * ((t * 7 + len(c)) % 5)))),
+                                                1))
     scr = screening.screen(values, configs=["default", "slow", "aa"], modes=["graph"], tokens_by_size=sizes,
                            bands={"decode": [1, 64]})
-    out = certify.certify_sizes(scr, values)
+    out = certify.certify_sizes(scr, values, trial_of, trials=trials)
     assert len(out) == 4 and all(c.threshold == pytest.approx(0.005 / 4) for c in out)  # half the run's 1%
     assert {(c.claim.config, c.result) for c in out} == {("slow", "slower"), ("aa", "not certified")}
+    slow = next(c for c in out if c.claim.config == "slow")
+    assert slow.test == certify.PAIRED and slow.rounds == trials and f"over {trials} trials" in slow.text
+    # one trial's default launch lost: that trial is left out and said, and 10 trials cannot reach 0.00125
+    lost = [v for v in values if not (v.config == "default" and trial_of[v.launch] == 0)]
+    out = certify.certify_sizes(scr, lost, trial_of, trials=trials)
+    slow = next(c for c in out if c.claim.config == "slow")
+    assert not slow.certified and slow.dropped == 1 and "1 incomplete trial left out" in slow.text
+    assert "too few complete trials left to reach p <= 0.0013" in slow.text
 
 
 def test_old_run_folders_load_as_screening_only_and_confirm_refuses_unfinished_screening(tmp_path):

@@ -54,9 +54,10 @@ from .stats import ALPHA, DEFAULT, LESS, MIN_EFFECT, TWO_SIDED
 
 CONFIRMATION_VERSION = 2
 PAIRED_TEST = "paired-signed-rank"  # the confirmation block's ``test`` (version 1 had none: unpaired rank test)
-PAIRED, UNPAIRED = "paired signed-rank", "rank (unpaired)"  # Certification.test
+PAIRED = "paired signed-rank"  # Certification.test
 SANE_LAUNCHES = 30  # beyond this many launches per arm, say plainly that it cannot be certified at a sane cost
 FASTER, SLOWER, NOT_CERTIFIED = "faster", "slower", "not certified"
+SIZES_REASON = "certify-sizes"  # Claim.reason of --certify-sizes' per-size claims (stage 1, paired by trial)
 WIDTH = 100  # every printed line fits this
 
 
@@ -69,7 +70,7 @@ class Claim:
     band: str | None
     size_bytes: int | None
     alternative: str  # less (faster only) | two-sided
-    reason: str  # screening | confirm.configs | screening, confirm.configs | certify-sizes
+    reason: str  # screening | confirm.configs | screening, confirm.configs | certify-sizes (SIZES_REASON)
     screening_ratio: float | None
 
     @property
@@ -197,7 +198,9 @@ def decide(p: float, ratio: float, thr: float, alternative: str) -> str:
 
 @dataclass(frozen=True)
 class Certification:
-    """The stage-2 answer to one claim (``test`` paired; ``--certify-sizes``' per-size claims: unpaired)."""
+    """The answer to one claim: stage 2's, paired by round; ``--certify-sizes``' per-size claims, from
+    stage 1, paired by trial (``rounds`` are then trials).  ``test`` unpaired: only in verdicts written
+    before either was paired."""
 
     claim: Claim
     look: int
@@ -208,8 +211,8 @@ class Certification:
     p_floor: float  # the smallest p attainable with these rounds (launch counts)
     ratio: float | None  # Hodges-Lehmann: config / default, < 1 faster
     result: str  # faster | slower | not certified
-    test: str  # paired signed-rank | rank (unpaired)
-    noise: float | None  # paired: sd of the round log-ratios; unpaired: sd of ln launch value, pooled
+    test: str  # paired signed-rank
+    noise: float | None  # sd of the round (trial) log-ratios
     states: tuple[float, float] | None  # two launch states, us (default's level)
     drift: tuple[float, float] | None  # default's Spearman (rho, p) across rounds: reported, never a switch
     eligible: bool
@@ -239,12 +242,14 @@ class Certification:
         if self.certified or self.noise is None or self.p is None:
             return None
         effect = self._screened
-        if self.test == PAIRED:
-            if effect <= paired.FASTER_EDGE:
-                return None
-            return paired.rounds_for_power(self.noise, effect, self.threshold, self.claim.alternative)
-        return stats.launches_for_power(self.noise, max(effect, math.log1p(MIN_EFFECT)), self.threshold,
-                                        self.claim.alternative)
+        if effect <= paired.FASTER_EDGE:
+            return None
+        return paired.rounds_for_power(self.noise, effect, self.threshold, self.claim.alternative)
+
+    @property
+    def _unit(self) -> str:
+        """What was paired: stage 2's rounds, or stage 1's trials (--certify-sizes)."""
+        return "trial" if self.claim.reason == SIZES_REASON else "round"
 
     @property
     def _screened(self) -> float:
@@ -276,15 +281,14 @@ class Certification:
             out.append(self._unreachable())
         elif not self.certified and self.p > self.threshold:
             if self.p_floor > self.threshold:
-                out.append(f"too few complete {'rounds' if self.test == PAIRED else 'launches'} left to reach "
-                           f"p <= {self.threshold:.2g}")
+                out.append(f"too few complete {self._unit}s left to reach p <= {self.threshold:.2g}")
             out.append(self._noise())
             out += self._power()
         if self.dropped:
-            out.append(f"{self.dropped} incomplete round{'s' if self.dropped != 1 else ''} left out")
+            out.append(f"{self.dropped} incomplete {self._unit}{'s' if self.dropped != 1 else ''} left out")
         if self.zeros:
-            out.append(f"{self.zeros} round{'s' if self.zeros != 1 else ''} with no difference (no sign) left out "
-                       "of p")
+            out.append(f"{self.zeros} {self._unit}{'s' if self.zeros != 1 else ''} with no difference (no sign) "
+                       "left out of p")
         if self.note:
             out.append(self.note)
         return out
@@ -293,17 +297,16 @@ class Certification:
         ci = ""
         if self.ratio_ci is not None:
             ci = f", {self.ci_level:.1%} interval {self.ratio_ci[0]:.3f}-{self.ratio_ci[1]:.3f}"
-        if self.test == PAIRED:
-            return (f"ratio {self.ratio:.3f} (Hodges-Lehmann{ci}), p = {self.p:.2g} (needed <= {self.threshold:.2g}; "
-                    f"smallest attainable {self.p_floor:.2g}), paired signed-rank test over {self.rounds} "
-                    f"round{'s' if self.rounds != 1 else ''}")
-        return (f"ratio {self.ratio:.3f} (Hodges-Lehmann), p = {self.p:.2g} (needed <= {self.threshold:.2g}; "
-                f"smallest attainable {self.p_floor:.2g}), unpaired rank test, {len(self.config_us)} vs "
-                f"{len(self.default_us)} launches")
+        return (f"ratio {self.ratio:.3f} (Hodges-Lehmann{ci}), p = {self.p:.2g} (needed <= {self.threshold:.2g}; "
+                f"smallest attainable {self.p_floor:.2g}), paired signed-rank test over {self.rounds} "
+                f"{self._unit}{'s' if self.rounds != 1 else ''}")
 
     def _unreachable(self) -> str:
         if self.rounds_to_certify is None:
             return f"no p at or below {self.threshold:.2g} exists with these launches"
+        if self.claim.reason == SIZES_REASON:  # stage 1 is not extended: a new run plans enough trials
+            return (f"{self.rounds or 0} complete trials cannot reach p <= {self.threshold:.2g} at all; "
+                    f"{self.rounds_to_certify} can (a new --certify-sizes run plans them)")
         if not self.rounds:
             return (f"it needs {self.rounds_to_certify} rounds: commdiag confirm RUN_DIR --rounds "
                     f"{self.rounds_to_certify}")
@@ -318,9 +321,7 @@ class Certification:
             return "launches fall into two states, about {:.4g} and {:.4g} us".format(*self.states)
         if self.noise is None:
             return "launch noise unknown"
-        if self.test == PAIRED:
-            return f"within-round noise {self.noise * 100:.1f}% (sd of the rounds' log-ratios)"
-        return f"launch noise {self.noise * 100:.1f}%"
+        return f"within-{self._unit} noise {self.noise * 100:.1f}% (sd of the {self._unit}s' log-ratios)"
 
     def _power(self) -> list[str]:
         effect = self._screened
@@ -328,14 +329,13 @@ class Certification:
             return []
         r = self.claim.screening_ratio
         said = f"{abs(r - 1) * 100:.1f}% {'faster' if r < 1 else 'slower'}"
-        if self.test == PAIRED and effect <= paired.FASTER_EDGE:
+        if effect <= paired.FASTER_EDGE:
             return [f"the screening estimate ({said}) is within the {MIN_EFFECT * 100:.0f}% worth a change: "
-                    "more rounds would not make it a claim"]
+                    f"more {self._unit}s would not make it a claim"]
         n = self.launches_needed
         if n is None:
             return [f"an effect of {said} cannot be certified at this noise at any cost"]
         out = [f"if the true effect were the screening estimate's {said}"
-               + ("" if self.test == PAIRED or effect >= math.log1p(MIN_EFFECT) else " (at least 3%)")
                + f", about {n} launches per arm would give 80% power at this noise"]
         if n > SANE_LAUNCHES:
             out.append("an effect this small cannot be certified at a sane cost on this machine")
@@ -461,17 +461,24 @@ def band_ratio(values: list[stats.LaunchValue], config: str, mode: str, sizes: l
 # ---------------------------------------------------------------- per-size certification (one stage)
 
 def size_claims_needed(configs: int, sizes: int, alpha: float = ALPHA) -> tuple[int, int]:
-    """(family size, launches per config) for one-stage per-size certification of every config x size."""
+    """(family size, trials per config) for one-stage per-size certification of every config x size:
+    the fewest trials (paired rounds) at which the two-sided paired test can reach alpha / M."""
     m = max(1, configs * sizes)
-    return m, stats.launches_to_reach(alpha / m, TWO_SIDED, 3)
+    return m, paired.rounds_to_reach(alpha / m, TWO_SIDED)
 
 
-def certify_sizes(screening: Screening, values: list[stats.LaunchValue], alpha: float = ALPHA / 2
-                  ) -> list[Certification]:
-    """``--certify-sizes``: every config x size in the primary mode tested two-sided on all stage-1
-    launches at once (no screening selection, so no fresh launches needed), Bonferroni over them all.
-    The run's 1% is split: half for this family, half for stage 2's band claims (sweep._plan_stage2),
-    so that any false certification in the run stays at or below 1%."""
+def certify_sizes(screening: Screening, values: list[stats.LaunchValue], trial_of: dict[int, int],
+                  alpha: float = ALPHA / 2, trials: int = 0) -> list[Certification]:
+    """``--certify-sizes``: every config x size in the primary mode tested two-sided on the stage-1
+    launches (no screening selection, so no fresh launches needed), Bonferroni over them all.
+
+    Paired by trial, as stage 2 is by round: stage 1 shuffles the configs within each trial
+    (formats.spec.launch_order), so the test that matches that randomization is the paired
+    signed-rank test on each trial's log-ratio (config vs default in the same trial); an unpaired
+    test over all launches is exposed to position effects inside a trial.  ``trial_of``: stage-1
+    launch -> its trial; ``trials``: the trials the run planned (missing ones are counted as left
+    out).  The run's 1% is split: half for this family, half for stage 2's band claims
+    (sweep._plan_stage2), so that any false certification in the run stays at or below 1%."""
     mode = screening.primary_mode
     values = [v for v in values if v.stage == 1 and v.mode == mode]
     by: dict[int, dict[str, dict[int, float]]] = {}
@@ -482,27 +489,9 @@ def certify_sizes(screening: Screening, values: list[stats.LaunchValue], alpha: 
     out = []
     for s, c in cells:
         est = next((e for e in screening.cells if e.config == c and e.size_bytes == s and e.mode == mode), None)
-        claim = Claim(c, mode, None, s, TWO_SIDED, "certify-sizes", est.ratio if est else None)
-        out.append(unpaired_claim(claim, by[s][c], by[s].get(DEFAULT, {}), thr=thr,
-                                  eligible=c not in screening.excluded))
+        claim = Claim(c, mode, None, s, TWO_SIDED, SIZES_REASON, est.ratio if est else None)
+        out.append(test_claim(claim, by_round(by[s][c], trial_of), by_round(by[s].get(DEFAULT, {}), trial_of),
+                              thr=thr, look=1, eligible=c not in screening.excluded, planned=trials))
     return out
 
 
-def unpaired_claim(claim: Claim, xs: dict[int, float], ys: dict[int, float], *, thr: float,
-                   eligible: bool) -> Certification:
-    """One per-size claim from stage-1 launch values (launch -> ln value): the exact unpaired rank test
-    and the two-sample Hodges-Lehmann ratio over all launches of the two configs."""
-    x = [xs[l] for l in sorted(xs)]
-    y = [ys[l] for l in sorted(ys)]
-    floor = stats.smallest_p(len(x), len(y), claim.alternative)
-    if not x or not y:
-        return Certification(claim, 1, thr, _us(x), _us(y), None, floor, None, NOT_CERTIFIED, UNPAIRED, None, None,
-                             None, eligible, "no usable launch of " + ("default" if x else claim.config))
-    p = stats.rank_test(x, y, claim.alternative)
-    ratio = math.exp(stats.hodges_lehmann(x, y))
-    my = stats.median(y)
-    states = stats.two_states([v - stats.median(x) for v in x] + [v - my for v in y])
-    return Certification(claim, 1, thr, _us(x), _us(y), p, floor, ratio, decide(p, ratio, thr, claim.alternative),
-                         UNPAIRED, stats.pooled_sd([x, y]),
-                         tuple(round(math.exp(my + s), 4) for s in states) if states else None, None, eligible,
-                         plan_reaches=floor <= thr)

@@ -149,20 +149,6 @@ def drift(values_by_round: list[tuple[int, float]]) -> tuple[float, float] | Non
     return float(rho), float(p)
 
 
-def launches_for_power(noise_sd: float, effect: float, threshold: float, alternative: str) -> int:
-    """About how many launches per arm give POWER to detect a shift of ``effect`` (ln) at ``threshold``
-    with launch noise ``noise_sd`` (ln): the normal approximation for two samples, divided by the rank
-    test's efficiency 3/pi, and never below what the exact test can reach at all."""
-    from scipy.stats import norm
-
-    floor = launches_to_reach(threshold, alternative, 2)
-    if effect <= 0 or noise_sd <= 0:
-        return floor
-    z_a = norm.isf(threshold / 2 if alternative == TWO_SIDED else threshold)
-    n = 2 * (z_a + norm.ppf(POWER)) ** 2 * noise_sd ** 2 / effect ** 2 * math.pi / 3
-    return max(floor, math.ceil(n))
-
-
 def two_states(residuals: list[float], gap_min: float = 0.10) -> tuple[float, float] | None:
     """(lower, upper) centres (ln) when launch values fall into two clearly separated states: the
     widest gap between sorted residuals is at least 10% and at least 3x the spread inside each

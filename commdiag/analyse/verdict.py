@@ -27,8 +27,9 @@ SCREENING_ONLY, NO_CANDIDATES, PENDING, CONFIRMED = ("screening only", "nothing 
                                                      "confirmation unfinished", "confirmed")
 # The commdiag-verdicts (and commdiag-sweep-result) JSON envelope: 2 = stage 2 judged by the unpaired rank
 # test; 3 = by the paired within-round signed-rank test (certifications gain rounds, dropped, zeros,
-# ratio_ci, ci_level, plan_reaches, rounds_to_certify, headline; noise is the sd of the round log-ratios).
-VERDICTS_VERSION = 3
+# ratio_ci, ci_level, plan_reaches, rounds_to_certify, headline; noise is the sd of the round log-ratios);
+# 4 = --certify-sizes' per-size claims paired by trial too (their test, rounds and noise as stage 2's).
+VERDICTS_VERSION = 4
 NOT_CERTIFIABLE = "not certifiable with this plan"  # stage 2's rounds cannot reach any claim's threshold
 
 
@@ -176,7 +177,10 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
 
 def _evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str]) -> Verdicts:
     scr = _screen(values, run, excluded)
-    sizes = certify.certify_sizes(scr, values) if run.get("certify_sizes") else []
+    sizes = []
+    if run.get("certify_sizes"):
+        trial_of = {l["index"]: int(l["trial"]) for l in run["launches"] if int(l.get("stage", 1)) == 1}
+        sizes = certify.certify_sizes(scr, values, trial_of, trials=int(run["certify_sizes"].get("trials", 0)))
     plan = run.get("confirmation")
     if not plan:
         if run.get("confirm_requested") is False:
