@@ -301,7 +301,9 @@ def read_metrics(spec: AbSpec, folder: Path, subst: dict, not_before: float) -> 
                 stdout = presets._read_tail(str(folder / "stdout.txt"))
             v, why = presets.from_stdout(stdout, m.regex)
         else:
-            v, why = presets.from_file(presets.substitute(m.file, subst), m.field, m.aliases, not_before)
+            known = presets.preset_field(m.preset, m.field) if m.preset else None
+            v, why = presets.from_file(presets.substitute(m.file, subst), m.field, m.aliases, not_before,
+                                       known.hint if known else "")
         if v is None:
             missing.append(f"{m.name}: {why}")
         else:
