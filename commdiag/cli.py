@@ -395,7 +395,8 @@ def explain_cmd(run_dir, logs, as_json, no_run):
               help="HTML file to write (default: RUN_DIR/report.html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON instead of the table.")
 def report_cmd(run_dir, out, as_json):
-    """Write the HTML report of a run folder (offline, one file) and print the verdicts; never measures."""
+    """Write the HTML report of a run folder (offline, one file) and print the verdicts; never measures.
+    A sweep's run folder or an ab run's (docs/ab.md)."""
     from .analyse import report
     from .atomic import check_target
 
