@@ -205,3 +205,18 @@ def test_kill_9_mid_launch_then_resume_ends_what_was_left_and_finishes(tmp_path)
             proc.kill()
         for pid in _marked_alive(runner.load(out)) if (out / "run.json").exists() else []:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_nccl_proof_on_real_two_rank_nccl_logs():
+    # NCCL 2.28.9 on 2x H200 (tests/fixtures/h200x2-nvlink/README.md): the seed settings logged by both
+    # ranks prove the seed arm; a defaults run proves default and refuses to prove seed.
+    fix = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
+    seed = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+            "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+    found, why = runner.nccl_proof(fix / "nccl-debug-env-seed-settings.log", seed)
+    assert why is None and found["processes"] == 2
+    assert all(len(found["applied"][k][v]) == 2 for k, v in seed.items())
+    found, why = runner.nccl_proof(fix / "nccl-debug-init-env-tuning-defaults.log", {})
+    assert why is None and (found["processes"], found["nranks"]) == (2, 2)
+    _, why = runner.nccl_proof(fix / "nccl-debug-init-env-tuning-defaults.log", seed)
+    assert why.startswith("no NCCL proof: pid 662 logged NCCL_PROTO=(nothing), the arm sets LL")
