@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from commdiag.ab import runner
+from commdiag.ab import report as ab_report, runner
 
-from conftest import run_cli, words
+from conftest import assert_fits, run_cli, words
 from test_report import HOSTILE, assert_drawn, render
 
 # The first launch (whichever arm it is) prints a hostile value where the number belongs and a hostile
@@ -69,6 +69,7 @@ def test_the_report_of_a_real_ab_run_shows_every_launch_the_intervals_and_the_ve
     run_dir, r = ab_run
     assert r.returncode == 3, r.stderr[-2000:]  # one launch failed (its hostile value): the run went on
     assert f"report: {run_dir / 'report.html'}" in r.stdout
+    assert_fits(r)
     # no NVML on this machine: the record says so once, and nothing broke
     assert "machine state during the launches: not recorded (NVML" in words(r.stdout)
     run = runner.load(run_dir)
@@ -83,6 +84,9 @@ def test_the_report_of_a_real_ab_run_shows_every_launch_the_intervals_and_the_ve
     assert 'class="faster">seed: toks is BETTER' in dom  # coloured: certified
     assert "Failed launches (1)" in dom and "&lt;img src=x" in dom  # its error and tail, as text
     assert not re.search(r"<body[^>]*data-pwned", dom)
+    glossary = (ab_report.page_mod.DOCS / "glossary.md").read_text()
+    for term, anchor in ab_report.TERMS:  # every term the report links has its entry
+        assert f'<a id="{anchor}"></a>' in glossary and f"#{anchor}" in dom, anchor
     # every successful launch is a point of its arm's series, in launch order
     figs = json.loads(re.search(r'<script id="figs" type="application/json">(.*?)</script>',
                                 (run_dir / "report.html").read_text(), re.S).group(1))

@@ -25,8 +25,9 @@ from ..atomic import write_text
 from . import render, runner, verdict as vmod
 
 # glossary entries for the words the verdicts use (docs/glossary.md anchors)
-TERMS = (("paired test", "paired-test"), ("signed-rank", "signed-rank"), ("Hodges-Lehmann ratio", "hodges-lehmann"),
-         ("smallest attainable p", "smallest-attainable-p"), ("power", "power"), ("Spearman", "spearman"))
+TERMS = (("equivalent", "equivalent"), ("paired test", "paired-test"), ("signed-rank", "signed-rank"),
+         ("Hodges-Lehmann ratio", "hodges-lehmann"), ("smallest attainable p", "smallest-attainable-p"),
+         ("power", "power"), ("Spearman", "spearman"))
 # colour only where a verdict is certified (the sweep report's classes)
 VERDICT_CLASS = {vmod.BETTER: "faster", vmod.WORSE: "slower", vmod.EQUIVALENT: "same"}
 VERDICT_COLOUR = {vmod.BETTER: "#2ca02c", vmod.WORSE: "#d62728", vmod.EQUIVALENT: "#1f77b4"}
