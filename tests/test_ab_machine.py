@@ -108,3 +108,33 @@ def test_throttling_and_another_process_are_named_beside_the_verdicts(tmp_path):
     html = page.read_text()
     assert "certified better, but confounded: 9 of seed&#x27;s 9 launches" in html
     assert "HW_THERMAL_SLOWDOWN" in html and "<th>stage</th>" not in html
+
+
+def test_a_process_on_a_gpu_the_launch_did_not_use_is_not_its_confounder():
+    # An 8-GPU box running the user's TP server on some GPUs: another job on a GPU the launch's own
+    # processes never appeared on is named in the notes, never as this launch's condition.
+    import time
+
+    from commdiag.analyse import confounders
+    from test_machine_state import OWN
+
+    def watched(stranger_gpu: int) -> tuple[dict, dict]:
+        rec = constructed()
+        for snap in rec["snapshots"]:
+            for g in snap["gpus"]:
+                g["processes"] = ([{"pid": OWN, "name": "python3"}] if g["index"] == 0 else []) + (
+                    [{"pid": OTHER, "name": "/opt/venv/bin/python"}] if g["index"] == stranger_gpu else [])
+        sampler = ms.open_sampler("gloo", nvml=nvmlreplay.ReplayNvml(rec, "load"), period_s=0.02)
+        with sampler.watch(lambda pid: pid == OWN) as w:
+            time.sleep(0.1)
+        launch = {"index": 0, "config": "seed", "status": "ok", "machine": w.record()}
+        return launch, {"machine_state": sampler.describe(), "launches": [launch]}
+
+    launch, run = watched(stranger_gpu=1)
+    assert launch["machine"]["own_gpus"] == [0]
+    assert {(o["gpu"], o["pid"]) for o in launch["machine"]["others"]} == {(1, OTHER)}
+    assert confounders.used_gpus(launch, run) == {0}
+    assert not [f for f in confounders.launch_facts(launch, run) if f.group == confounders.PROCESS]
+    launch, run = watched(stranger_gpu=0)
+    (fact,) = [f for f in confounders.launch_facts(launch, run) if f.group == confounders.PROCESS]
+    assert fact.detail == "pid 4242, python, GPU 0"

@@ -122,7 +122,9 @@ def _list(v) -> list:
 
 
 def used_gpus(launch: dict, run: dict) -> set[int] | None:
-    """NVML indices of the GPUs the launch's ranks on the launching node used; None when unknown."""
+    """NVML indices of the GPUs the launch's ranks on the launching node used (their bus ids), else
+    those NVML listed the launch's own processes on (``own_gpus``: ab, whose benchmark reports no
+    ranks); None when unknown."""
     machine = _dict(launch.get("machine"))
     host = _dict(_dict(run.get("fingerprint")).get("launcher")).get("hostname")
     buses = {_norm_bus(r.get("pci_bus_id")) for r in _list(launch.get("ranks")) if isinstance(r, dict)
@@ -130,6 +132,8 @@ def used_gpus(launch: dict, run: dict) -> set[int] | None:
     buses.discard(None)
     found = {g.get("index") for g in _list(machine.get("gpus")) if isinstance(g, dict)
              and _norm_bus(g.get("pci_bus_id")) in buses}
+    if not found:
+        found = {i for i in _list(machine.get("own_gpus")) if isinstance(i, int) and not isinstance(i, bool)}
     return found or None
 
 
