@@ -23,7 +23,7 @@ from test_machine_state import OTHER, constructed
 # Writes its pid to FLAGS/<SNAPSHOT> while it "runs", then prints its value.
 CMD = ["{python}", "-c", "import os,time,random,math,pathlib\n"
        "p = pathlib.Path(os.environ['FLAGS']) / os.environ['SNAPSHOT']\n"
-       "p.write_text(str(os.getpid())); time.sleep(0.12); p.unlink()\n"
+       "p.write_text(str(os.getpid())); time.sleep(0.25); p.unlink()\n"
        "print('toks:', float(os.environ['VALUE']) * math.exp(random.gauss(0, 0.01)))"]
 TOKS = {"name": "toks", "regex": r"toks: (?P<value>[0-9.]+)", "better": "higher"}
 
