@@ -107,6 +107,8 @@ def test_throttling_and_another_process_are_named_beside_the_verdicts(tmp_path):
     page, _ = ab_report.write_report(tmp_path / "run", run=run, a=a)
     html = page.read_text()
     assert "certified better, but confounded: 9 of seed&#x27;s 9 launches" in html
+    assert f"and: {clocks}".replace("'", "&#x27;") in html  # whole sentences, not the terminal's wrapped lines
+    assert 'class="faster">seed: toks is BETTER' in html
     assert "HW_THERMAL_SLOWDOWN" in html and "<th>stage</th>" not in html
 
 

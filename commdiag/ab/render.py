@@ -54,11 +54,15 @@ def analyse(run: dict) -> dict:
             "claims": len(arms) * len(metrics), "min_effect": spec["min_effect"], "machine": machine.check(run)}
 
 
+def confounded_head(v: vmod.Verdict) -> str:
+    """How the first confounder under a verdict begins (sweep's words for its claims)."""
+    return ("not certified, and confounded: " if v.verdict == vmod.INCONCLUSIVE
+            else f"certified {v.verdict}, but confounded: ")
+
+
 def confounded_lines(a: dict, v: vmod.Verdict, indent: str = "      ") -> list[str]:
     """Under a verdict: the conditions that hit its arm and default differently (ab/machine.py)."""
-    head = ("not certified, and confounded: " if v.verdict == vmod.INCONCLUSIVE
-            else f"certified {v.verdict}, but confounded: ")
-    return machinereport.confounded_lines(head, a["machine"].for_arm(v.config), indent)
+    return machinereport.confounded_lines(confounded_head(v), a["machine"].for_arm(v.config), indent)
 
 
 def render_text(run: dict, a: dict) -> str:

@@ -29,7 +29,9 @@ TERMS = (("equivalent", "equivalent"), ("paired test", "paired-test"), ("signed-
          ("Hodges-Lehmann ratio", "hodges-lehmann"), ("smallest attainable p", "smallest-attainable-p"),
          ("power", "power"), ("Spearman", "spearman"))
 # colour only where a verdict is certified (the sweep report's classes)
-VERDICT_CLASS = {vmod.BETTER: "faster", vmod.WORSE: "slower", vmod.EQUIVALENT: "same"}
+VERDICT_CLASS = {vmod.BETTER: "faster", vmod.WORSE: "slower", vmod.EQUIVALENT: "equivalent"}
+# the sweep page's CSS has no class for an equivalence (sweep certifies none): its colour, as in the plot
+EXTRA_CSS = "<style>.equivalent{background:#dbe9f6}</style>"
 VERDICT_COLOUR = {vmod.BETTER: "#2ca02c", vmod.WORSE: "#d62728", vmod.EQUIVALENT: "#1f77b4"}
 UNCERTIFIED_COLOUR = "#9a9a9a"
 
@@ -98,8 +100,10 @@ def _verdict_rows(a: dict) -> list[list[str]]:
         cls = VERDICT_CLASS.get(v.verdict, "")
         answer = f"<span class=\"{cls}\">{esc(render._plain(v, a['min_effect']))}</span>" if cls else \
             esc(render._plain(v, a["min_effect"]))
-        answer += "".join(f"<br><span class=\"bad\">{esc(t.strip())}</span>"
-                          for t in render.confounded_lines(a, v, ""))
+        reasons = a["machine"].for_arm(v.config)  # whole sentences here: the page wraps them itself
+        head = render.confounded_head(v)
+        answer += "".join(f"<br><span class=\"bad\">{esc((head if i == 0 else 'and: ') + why)}</span>"
+                          for i, why in enumerate(reasons))
         rows.append([esc(v.config), esc(v.metric), answer, esc("" if v.ratio is None else f"{v.ratio:.4f}"),
                      esc(f"{v.interval[0]:.4f}-{v.interval[1]:.4f}" if v.interval else ""),
                      esc("" if v.p is None else f"{v.p:.2g} ({v.threshold:.2g})"), esc(v.rounds),
@@ -112,7 +116,7 @@ def build_html(run: dict, a: dict, run_dir: Path) -> str:
     figs = figures(run, a)
     counts = render.counts(run)
     level = 1 - stats.ALPHA / max(a["claims"], 1)
-    b = [f"<h1>commdiag ab report: {esc(spec.get('name'))}</h1>", f"<p>{esc(spec.get('description'))}</p>",
+    b = [EXTRA_CSS, f"<h1>commdiag ab report: {esc(spec.get('name'))}</h1>", f"<p>{esc(spec.get('description'))}</p>",
          page_mod.table(["run folder", "spec file", "created (UTC)", "finished (UTC)", "state", "launches", "rounds",
                          "min_effect", "seed"],
                         [[str(run_dir), run.get("spec_file"), run.get("created_utc"), run.get("finished_utc"),
