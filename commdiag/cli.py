@@ -283,7 +283,7 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
     """Run your own benchmark command (and server) per NCCL config, interleaved in shuffled rounds, and
     certify each metric against default: better, worse, equivalent within min_effect, or inconclusive
     with the rounds that would decide it (docs/ab.md)."""
-    from .ab import render, runner, spec as ab_spec
+    from .ab import render, report as ab_report, runner, spec as ab_spec
 
     quick = bool(configs or metrics or command)
     if resume is not None and (spec_file or sets or out or quick):
@@ -304,10 +304,14 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
                         on_start=None if as_json else (lambda line: _echo(line, err=True)))
     run = runner.load(res.run_dir)
     a = render.analyse(run)
+    # report.html, like sweep's: a complete run only (an interrupted one has no verdicts yet)
+    page = ab_report.write_report(res.run_dir, run=run, a=a)[0] if res.state == "complete" else None
     if as_json:
-        _echo(json.dumps(render.to_json(res.run_dir, run, a, res.counts), indent=1))
+        _echo(json.dumps(render.to_json(res.run_dir, run, a, res.counts, page), indent=1))
     else:
         _echo(render.render_text(run, a))
+        if page is not None:
+            _echo(f"\nreport: {page}")
         _echo(f"\nrun folder: {res.run_dir}   launches: " + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
         if res.state == "interrupted":
             _echo(f"interrupted: no verdicts from a partial run; continue with  commdiag ab --resume {res.run_dir}")
@@ -391,12 +395,18 @@ def explain_cmd(run_dir, logs, as_json, no_run):
               help="HTML file to write (default: RUN_DIR/report.html).")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON instead of the table.")
 def report_cmd(run_dir, out, as_json):
-    """Write the HTML report of a run folder (offline, one file) and print the verdicts; never measures."""
+    """Write the HTML report of a run folder (offline, one file) and print the verdicts; never measures.
+    A sweep's run folder or an ab run's (docs/ab.md)."""
     from .analyse import report
     from .atomic import check_target
 
     if out is not None:
         check_target(out)  # a FIFO, device, link or missing folder: refuse before any work
+    from .ab import report as ab_report
+
+    if ab_report.is_ab_run(run_dir):
+        _ab_report(run_dir, out, as_json)
+        return
     from .analyse import verdict
     from .formats import results
 
@@ -411,6 +421,19 @@ def report_cmd(run_dir, out, as_json):
         if step:
             _echo(step[0] + "\n")
         _echo(report.render_verdicts(verdicts))
+        _echo(f"\nreport: {path}")
+
+
+def _ab_report(run_dir: Path, out: Path | None, as_json: bool) -> None:
+    """``commdiag report`` on an ab run folder: its report.html, and the verdicts as ab prints them."""
+    from .ab import render, report as ab_report, runner
+
+    run = runner.load(run_dir)
+    path, a = ab_report.write_report(run_dir, out, run=run)
+    if as_json:
+        _echo(json.dumps(render.to_json(run_dir, run, a, render.counts(run), path), indent=1))
+    else:
+        _echo(render.render_text(run, a))
         _echo(f"\nreport: {path}")
 
 

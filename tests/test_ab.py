@@ -153,3 +153,70 @@ def test_spec_errors_name_file_field_and_what_is_allowed(tmp_path):
         ab_spec.load(_spec(tmp_path, command=VALUE_CMD, metrics=[TOKS], configs={"b": {}}, server={"command": ["x"]}))
     r = run_cli("ab", _spec(tmp_path, command=VALUE_CMD, metrics=[TOKS], configs={"b": {}}, rounds=2))
     assert r.returncode == 2 and r.stderr.startswith("commdiag: error:") and "Traceback" not in words(r.stderr)
+
+
+def test_kill_9_mid_launch_then_resume_ends_what_was_left_and_finishes(tmp_path):
+    # While FLAG exists, the server ignores SIGINT and SIGTERM (toy --mode hang-on-stop) and the benchmark
+    # ignores SIGTERM and runs on: the kernel's SIGTERM at commdiag's death (PR_SET_PDEATHSIG) does not
+    # end them, so only --resume (the launch markers in run.json) can.  Without FLAG both behave.
+    flag = tmp_path / "stubborn"
+    flag.write_text("")
+    server = ("import os,sys; mode = 'hang-on-stop' if os.path.exists(os.environ['FLAG']) else 'ok'; "
+              "os.execv(sys.executable, [sys.executable, '-m', 'commdiag.ab.toy', 'server', '--port', sys.argv[1], "
+              "'--mode', mode])")
+    bench = ("import os,sys,signal,time\n"
+             "if os.path.exists(os.environ['FLAG']):\n"
+             "    signal.signal(signal.SIGTERM, signal.SIG_IGN); print('benchmark running', flush=True); time.sleep(300)\n"
+             "os.execv(sys.executable, [sys.executable, '-m', 'commdiag.ab.toy', 'client', '--port', sys.argv[1], "
+             "'--requests', '4', '--output-file', sys.argv[2]])")
+    path = _spec(tmp_path, command=["{python}", "-c", bench, "{port}", "{launch_dir}/result.jsonl"],
+                 server={**SERVER, "command": ["{python}", "-c", server, "{port}"], "stop_timeout_s": 2},
+                 metrics=[{"preset": "sglang.bench_serving", "field": "output_throughput"}], rounds=8,
+                 base_env={"TOY_RATE": "1000", "FLAG": str(flag)}, configs={"seed": {"TOY_RATE": "1150"}})
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "ab", str(path), "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the first launch's server is up and its benchmark running
+            if any("benchmark running" in p.read_text() for p in out.glob("launches/*/stdout.txt")):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the first launch's benchmark never started")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        time.sleep(0.3)  # the kernel's SIGTERM to the children is delivered (and ignored)
+        run = runner.load(out)
+        left = _marked_alive(run)
+        assert len(left) >= 2, "the stubborn server and benchmark should have outlived commdiag"
+        flag.unlink()
+        r = run_cli("ab", "--resume", out, "--json", timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+        res = json.loads(r.stdout)
+        assert res["launches"] == {"ok": 16} and res["state"] == "complete"
+        assert any(w.startswith(f"ended {len(left)} process(es) left running by an earlier commdiag")
+                   for w in res["warnings"]), res["warnings"]
+        assert not _marked_alive(runner.load(out))
+        for pid in left:  # gone, not merely unmarked
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _marked_alive(runner.load(out)) if (out / "run.json").exists() else []:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_nccl_proof_on_real_two_rank_nccl_logs():
+    # NCCL 2.28.9 on 2x H200 (tests/fixtures/h200x2-nvlink/README.md): the seed settings logged by both
+    # ranks prove the seed arm; a defaults run proves default and refuses to prove seed.
+    fix = Path(__file__).parent / "fixtures" / "h200x2-nvlink"
+    seed = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+            "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+    found, why = runner.nccl_proof(fix / "nccl-debug-env-seed-settings.log", seed)
+    assert why is None and found["processes"] == 2
+    assert all(len(found["applied"][k][v]) == 2 for k, v in seed.items())
+    found, why = runner.nccl_proof(fix / "nccl-debug-init-env-tuning-defaults.log", {})
+    assert why is None and (found["processes"], found["nranks"]) == (2, 2)
+    _, why = runner.nccl_proof(fix / "nccl-debug-init-env-tuning-defaults.log", seed)
+    assert why.startswith("no NCCL proof: pid 662 logged NCCL_PROTO=(nothing), the arm sets LL")

@@ -122,13 +122,43 @@ def test_a_drifting_baseline_is_named():
     ("sglang-bench-serving.jsonl", "sglang.bench_serving", "median_itl_ms", 11.93),
     ("sglang-bench-one-batch.jsonl", "sglang.bench_one_batch", "median_decode_throughput", 3350.41),
     ("sglang-bench-offline-throughput.jsonl", "sglang.bench_offline_throughput", "output_throughput", 2547.4),
-    ("vllm-bench-serve.json", "vllm.bench_serve", "output_throughput", 1198.2),
-    ("vllm-bench-serve.json", "vllm.bench_serve", "median_e2el_ms", 2510.7),
+    ("vllm-bench-serve.json", "vllm.bench_serve", "output_throughput", 1198.3616),
+    ("vllm-bench-serve.json", "vllm.bench_serve", "p99_itl_ms", 23.9172),
+    ("vllm-bench-serve.json", "vllm.bench_serve", "max_output_tokens_per_s", 1472.0),
+    ("vllm-bench-serve-detailed.json", "vllm.bench_serve", "median_e2el_ms", 2510.7314),
+    ("vllm-bench-serve-detailed.json", "vllm.bench_serve", "request_goodput", 1.1351668),
+    ("vllm-bench-serve-detailed.json", "vllm.bench_serve", "median_tpot_ms", 12.4122),
+    ("vllm-bench-serve-appended.json", "vllm.bench_serve", "output_throughput", 1175.0811),  # the last run
 ])
 def test_presets_parse_each_benchmarks_format(fname, preset, field, value):
     f = presets.preset_field(preset, field)
-    got, why = presets.from_file(str(FIX / fname), field, f.aliases)
+    got, why = presets.from_file(str(FIX / fname), field, f.aliases, hint=f.hint)
     assert why is None and got == pytest.approx(value)
+
+
+def test_vllm_fields_it_writes_only_when_asked_say_how():
+    # vllm bench serve's defaults: no e2el percentiles, request_goodput null (tests/fixtures/ab/README.md)
+    for field, needs in (("median_e2el_ms", "--percentile-metrics ttft,tpot,itl,e2el"), ("request_goodput", "--goodput")):
+        f = presets.preset_field("vllm.bench_serve", field)
+        got, why = presets.from_file(str(FIX / "vllm-bench-serve.json"), field, f.aliases, hint=f.hint)
+        assert got is None and needs in why, why
+    assert "request_goodput is null" in presets.from_file(str(FIX / "vllm-bench-serve.json"), "request_goodput")[1]
+
+
+def test_the_fixtures_have_the_exact_shape_of_the_source_they_follow():
+    """Key order as each tool builds its dict (README.md names the file and commit)."""
+    import json
+
+    vllm = json.loads((FIX / "vllm-bench-serve.json").read_text())
+    assert list(vllm)[:11] == ["date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+                               "request_rate", "burstiness", "max_concurrency", "duration"]
+    assert [k for k in vllm if k.endswith("_ms")] == [f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl")
+                                                       for s in ("mean", "median", "std", "p99")]
+    assert not (FIX / "vllm-bench-serve.json").read_text().endswith("\n")  # json.dump, no newline
+    sglang = json.loads((FIX / "sglang-bench-serving.jsonl").read_text().splitlines()[-1])
+    assert list(sglang)[:9] == ["backend", "dataset_name", "request_rate", "max_concurrency", "sharegpt_output_len",
+                                "random_input_len", "random_output_len", "random_range_ratio", "duration"]
+    assert list(sglang)[-2:] == ["concurrency", "accept_length"]
 
 
 def test_presets_are_defensive(tmp_path):

@@ -2,5 +2,6 @@
 
 spec (the YAML spec and the one-line form), presets (reading a benchmark's numbers), server (one
 server per launch: start, readiness, stop), runner (the run folder and its launches), verdict (the
-paired within-round statistics), render (text and JSON).
+paired within-round statistics), machine (confounders per arm), render (text and JSON), report
+(report.html).
 """

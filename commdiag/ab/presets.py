@@ -12,8 +12,14 @@ number > 0 (a ratio of logs needs that).  What a preset reads, from each tool's 
   median_decode_throughput, total_latency, overall_throughput.
 * ``sglang.bench_offline_throughput --result-filename F``: JSON lines: request/input/output/total
   throughput, total_latency, last_gen_throughput.
-* ``vllm bench serve --save-result``: one JSON object: output_throughput, total_token_throughput,
-  request_throughput, mean/median/std/p99 of ttft, tpot, itl and e2el in ms.
+* ``vllm bench serve --save-result --result-filename F`` (vllm/benchmarks/serve.py, ``main_async``'s
+  ``result_json``): one JSON object (``json.dump``, no newline; ``--append-result`` puts a newline
+  between runs): the run's identity, ``--metadata`` keys, duration, completed, failed, token counts,
+  request/output/total_token throughput, request_goodput (null without ``--goodput``), the peak
+  output rate, then mean/median/std and one ``pN_`` per ``--metric-percentiles`` (default 99) of
+  each ``--percentile-metrics`` (default ttft, tpot, itl: the e2el fields only when asked for).
+
+Which file and commit each fixture follows: tests/fixtures/ab/README.md.
 """
 
 from __future__ import annotations
@@ -32,14 +38,18 @@ TAIL_BYTES = 8 << 20  # what is read of a larger file (the last lines are what c
 class Field:
     better: str  # higher | lower
     aliases: tuple[str, ...] = ()
+    hint: str = ""  # what the benchmark needs to write the field, said when it is missing
 
 
-def _lat(*aliases):
-    return Field("lower", aliases)
+def _lat(*aliases, hint: str = ""):
+    return Field("lower", aliases, hint)
 
 
-def _thr(*aliases):
-    return Field("higher", aliases)
+def _thr(*aliases, hint: str = ""):
+    return Field("higher", aliases, hint)
+
+
+_VLLM_E2EL = "vllm bench serve writes it with --percentile-metrics ttft,tpot,itl,e2el"
 
 
 PRESETS: dict[str, dict] = {
@@ -66,11 +76,14 @@ PRESETS: dict[str, dict] = {
     "vllm.bench_serve": {"file": "{launch_dir}/result.json", "fields": {
         "output_throughput": _thr(), "total_token_throughput": _thr("total_throughput"),
         "request_throughput": _thr(),
+        "request_goodput": _thr(hint="vllm bench serve writes a number there only with --goodput"),
+        "max_output_tokens_per_s": _thr(),
         "median_ttft_ms": _lat(), "mean_ttft_ms": _lat(), "p99_ttft_ms": _lat(),
         "median_tpot_ms": _lat(), "mean_tpot_ms": _lat(), "p99_tpot_ms": _lat(),
         "median_itl_ms": _lat(), "mean_itl_ms": _lat(), "p99_itl_ms": _lat(),
-        "median_e2el_ms": _lat("median_e2e_latency_ms"), "mean_e2el_ms": _lat("mean_e2e_latency_ms"),
-        "p99_e2el_ms": _lat("p99_e2e_latency_ms"),
+        "median_e2el_ms": _lat("median_e2e_latency_ms", hint=_VLLM_E2EL),
+        "mean_e2el_ms": _lat("mean_e2e_latency_ms", hint=_VLLM_E2EL),
+        "p99_e2el_ms": _lat("p99_e2e_latency_ms", hint=_VLLM_E2EL),
     }},
 }
 
@@ -140,9 +153,10 @@ def number(value) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def from_file(path: str, field: str, aliases: tuple[str, ...] = (), not_before: float | None = None
-              ) -> tuple[float | None, str | None]:
-    """(value, None) or (None, why) for ``field`` of the last JSON object in ``path``."""
+def from_file(path: str, field: str, aliases: tuple[str, ...] = (), not_before: float | None = None,
+              hint: str = "") -> tuple[float | None, str | None]:
+    """(value, None) or (None, why) for ``field`` of the last JSON object in ``path``; ``hint``: what
+    the benchmark needs to write the field (a preset's), said when it is missing."""
     try:
         if not_before is not None and os.stat(path).st_mtime < not_before - 1.0:
             return None, f"{path}: not written by this launch (older than its start)"
@@ -161,8 +175,11 @@ def from_file(path: str, field: str, aliases: tuple[str, ...] = (), not_before: 
             if value is None:
                 return None, f"{path}: {name} is {str(raw)[:40]!r}, not a number > 0"
             return value, None
+    more = f"; {hint}" if hint else ""
+    if field in obj:  # null: the benchmark wrote the key without a value (vLLM's goodput without --goodput)
+        return None, f"{path}: {field} is null in its last object{more}"
     keys = ", ".join(sorted(str(k) for k in obj)[:12])
-    return None, f"{path}: no field {field} in its last object (fields: {keys})"
+    return None, f"{path}: no field {field} in its last object (fields: {keys}){more}"
 
 
 def from_stdout(text: str, pattern: str) -> tuple[float | None, str | None]:

@@ -1,16 +1,20 @@
 """What ``commdiag ab`` prints: per metric and arm median [min-max] n, the verdicts in plain words
-(the statistics indented under each), drift, failed launches; and the ``--json`` envelope.
-Every line fits 100 columns (long ones wrap with an indent)."""
+(the statistics indented under each, then the arm's confounders), drift, failed launches, the
+machine's state during the launches; and the ``--json`` envelope.  Every line fits 100 columns
+(long ones wrap with an indent).
+
+JSON history (bump JSON_VERSION on any change of shape): 1: first; 2: ``machine_state`` (recorded,
+reason, notes, arms), each verdict's ``confounders``, ``report`` (the HTML file, or null)."""
 
 from __future__ import annotations
 
 import textwrap
 
-from ..analyse import stats
-from . import verdict as vmod
+from ..analyse import machinereport, stats
+from . import machine, verdict as vmod
 
 WIDTH = 100
-JSON_FORMAT, JSON_VERSION = "commdiag-ab-result", 1
+JSON_FORMAT, JSON_VERSION = "commdiag-ab-result", 2
 
 
 def _wrap(text: str, indent: str = "", more: str = "    ") -> list[str]:
@@ -47,7 +51,18 @@ def analyse(run: dict) -> dict:
     failed = [{"index": l["index"], "config": l["config"], "round": l["round"], "error": l.get("error", "")}
               for l in launches if l.get("status") == "failed"]
     return {"summary": summary, "verdicts": verdicts, "drift": drifts, "failed": failed,
-            "claims": len(arms) * len(metrics), "min_effect": spec["min_effect"]}
+            "claims": len(arms) * len(metrics), "min_effect": spec["min_effect"], "machine": machine.check(run)}
+
+
+def confounded_head(v: vmod.Verdict) -> str:
+    """How the first confounder under a verdict begins (sweep's words for its claims)."""
+    return ("not certified, and confounded: " if v.verdict == vmod.INCONCLUSIVE
+            else f"certified {v.verdict}, but confounded: ")
+
+
+def confounded_lines(a: dict, v: vmod.Verdict, indent: str = "      ") -> list[str]:
+    """Under a verdict: the conditions that hit its arm and default differently (ab/machine.py)."""
+    return machinereport.confounded_lines(confounded_head(v), a["machine"].for_arm(v.config), indent)
 
 
 def render_text(run: dict, a: dict) -> str:
@@ -81,7 +96,10 @@ def render_text(run: dict, a: dict) -> str:
         lines += _wrap(f"verdicts against default (paired within rounds, exact signed-rank test; 1% family-wise "
                        f"over {a['claims']} claim(s), Holm; min_effect {a['min_effect']:.0%}):")
         for v in a["verdicts"]:
-            lines += [*_wrap(_plain(v, a["min_effect"]), "  "), *_wrap(_numbers(v, a["claims"]), "      ")]
+            lines += [*_wrap(_plain(v, a["min_effect"]), "  "), *_wrap(_numbers(v, a["claims"]), "      "),
+                      *confounded_lines(a, v)]
+    lines.append("")
+    lines += machinereport.state_lines(a["machine"].run)
     return "\n".join(lines)
 
 
@@ -117,8 +135,19 @@ def _numbers(v: vmod.Verdict, claims: int) -> str:
     return ", ".join(parts)
 
 
-def to_json(run_dir, run: dict, a: dict, counts: dict) -> dict:
+def to_json(run_dir, run: dict, a: dict, counts: dict, report=None) -> dict:
+    m = a["machine"]
     return {"format": JSON_FORMAT, "version": JSON_VERSION, "run_dir": str(run_dir), "state": run.get("state"),
             "launches": counts, "claims": a["claims"], "alpha": stats.ALPHA, "min_effect": a["min_effect"],
-            "summary": a["summary"], "verdicts": [v.to_json() for v in a["verdicts"]], "drift": a["drift"],
-            "failed": a["failed"], "warnings": run.get("warnings", [])}
+            "summary": a["summary"],
+            "verdicts": [{**v.to_json(), "confounders": list(m.for_arm(v.config))} for v in a["verdicts"]],
+            "drift": a["drift"], "failed": a["failed"], "machine_state": m.to_json(),
+            "report": None if report is None else str(report), "warnings": run.get("warnings", [])}
+
+
+def counts(run: dict) -> dict[str, int]:
+    """Launches per status."""
+    out: dict[str, int] = {}
+    for l in run.get("launches", []):
+        out[l.get("status")] = out.get(l.get("status"), 0) + 1
+    return out

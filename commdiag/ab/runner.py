@@ -9,6 +9,11 @@ timed out; a metric missing; no NCCL proof) is recorded with its reason and the 
 The safety rules of sweep hold: run.json through the one writer after every launch, the run-folder
 lock, each launch's marker in run.json before anything starts (a resume ends what a killed commdiag
 left running), Ctrl-C leaves a resumable folder (the launch in flight is pending again).
+
+The machine's state is read around every launch as in sweep (measure/machinestate.py: NVML before,
+every second during and after it; the launch's own processes told by their marker): run.json's
+``machine_state`` says once what is read or why nothing is (no NVML: a CPU machine), each launch's
+``machine`` holds its record; ab/machine.py names the confounders beside the verdicts.
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ from .. import __version__, metadata
 from ..atomic import write_json
 from ..errors import CommdiagError
 from ..formats.spec import launch_order
-from ..measure import launcher, runlock
+from ..measure import launcher, machinestate, runlock
 from . import presets, server
 from .spec import AbSpec
 
 RUN_FORMAT = "commdiag-ab"
-RUN_FORMAT_VERSION = 1
+RUN_FORMAT_VERSION = 2  # 2: machine_state, launches[].machine (docs/formats.md)
 PENDING, OK, FAILED = "pending", "ok", "failed"
 LAUNCH_KEYS = ("index", "config", "round", "marker")
 TAIL_CHARS = 2000
@@ -108,8 +113,11 @@ def new_run(spec: AbSpec) -> dict:
 
 def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
            env: dict[str, str] | None = None, on_progress: Callable[[Progress], None] | None = None,
-           on_start: Callable[[str], None] | None = None) -> AbResult:
-    """Run every pending launch of a new A/B (``spec``) or an interrupted one (``resume``)."""
+           on_start: Callable[[str], None] | None = None,
+           sampler: machinestate.Sampler | None = None) -> AbResult:
+    """Run every pending launch of a new A/B (``spec``) or an interrupted one (``resume``).
+    ``sampler``: what reads the machine's state around each launch (default: NVML when it is there;
+    a replay of recorded readings in tests)."""
     base_env = dict(os.environ if env is None else env)
     if resume is None:
         assert spec is not None
@@ -134,10 +142,18 @@ def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: P
                     f"{', '.join(map(str, ended))})")
         run["state"] = "running"
         save(run_dir, run)
-        return _run_pending(spec, run, run_dir, base_env, on_progress, on_start)
+        own_sampler = sampler is None
+        # The user's benchmark may use any GPU of the machine: NVML is read whenever it is there.
+        sampler = sampler or machinestate.open_sampler("nccl")
+        try:
+            return _run_pending(spec, run, run_dir, base_env, on_progress, on_start, sampler)
+        finally:
+            if own_sampler:
+                sampler.close()
 
 
-def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_progress, on_start) -> AbResult:
+def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_progress, on_start,
+                 sampler: machinestate.Sampler) -> AbResult:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)  # started with SIGINT ignored: resumable anyway
     configs = {c["name"]: c for c in run["configs"]}
@@ -147,10 +163,11 @@ def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_prog
                  f"{spec.rounds} rounds, shuffled within each round)")
     walls: list[float] = []
     interrupted = False
+    run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
     try:
         for n, launch in enumerate(pending, 1):
             try:
-                one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env)
+                one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env, sampler)
             except KeyboardInterrupt:
                 for key in list(launch):
                     if key not in LAUNCH_KEYS:
@@ -165,6 +182,7 @@ def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_prog
                 on_progress(Progress(n, len(pending), launch, (len(pending) - n) * sum(walls) / len(walls)))
     except KeyboardInterrupt:  # between launches (saving, printing): resumable all the same
         interrupted = True
+    run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
     run["state"] = "interrupted" if interrupted else "complete"
     run["finished_utc"] = None if interrupted else _utc()
     save(run_dir, run)
@@ -180,8 +198,10 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict) -> None:
-    """One launch, recorded into ``launch``; KeyboardInterrupt propagates after every process is ended."""
+def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict,
+               sampler: machinestate.Sampler | None = None) -> None:
+    """One launch, recorded into ``launch``, with the machine's state around its processes (server,
+    warmups, the measured run, the stop); KeyboardInterrupt propagates after every process is ended."""
     t0 = time.monotonic()
     folder = run_dir / "launches" / f"{launch['index']:04d}"
     if folder.exists():  # left by an interrupted attempt: start clean
@@ -204,46 +224,49 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
     proc = None
     errors: list[str] = []
     started_wall = time.time()
-    try:
-        if srv:
-            proc = server.start([presets.substitute(a, subst) for a in srv.command], env, folder / "server.log")
-            ready_s, why = server.wait_ready(proc, folder / "server.log",
-                                             presets.substitute(srv.ready_url, subst) if srv.ready_url else None,
-                                             srv.ready_log, srv.ready_timeout_s)
-            launch["server_ready_s"] = None if ready_s is None else round(ready_s, 3)
-            if why:
-                errors.append(why)
-            for w in range(srv.warmup_runs if not errors else 0):
-                code, timed_out, _ = server.run_command(cmd, env, folder / f"warmup{w}.stdout.txt",
-                                                        folder / f"warmup{w}.stderr.txt", spec.timeout_s)
-                if code != 0:
-                    errors.append(f"warmup run {w + 1} " + (f"timed out after {spec.timeout_s:g}s" if timed_out
-                                                             else f"exited with code {code}"))
-                    break
-            _clear_results(spec, subst)
-        if not errors:
-            started_wall = time.time()
-            code, timed_out, wall = server.run_command(cmd, env, folder / "stdout.txt", folder / "stderr.txt",
-                                                       spec.timeout_s)
-            launch["command_s"] = round(wall, 3)
-            launch["exit_code"] = code
-            if timed_out:
-                errors.append(f"the command was killed after the {spec.timeout_s:g}s deadline")
-            elif code != 0:
-                errors.append(f"the command exited with code {code}")
-            if proc is not None and proc.poll() is not None:
-                errors.append(f"the server exited (code {proc.returncode}) during the measured run")
-    finally:
-        if proc is not None:
-            stopped = server.stop_group(proc, ((signal.SIGINT, srv.stop_timeout_s),
-                                               (signal.SIGTERM, srv.stop_timeout_s)))
-            launch["server_stop"] = stopped.signal
-            if stopped.killed:
-                errors.append(f"the server outlived its stop (SIGINT and SIGTERM, {srv.stop_timeout_s:g}s each): "
-                              "killed with SIGKILL")
-        left = server.kill_marked(marker)
-        if left:
-            launch["killed_survivors"] = left
+    sampler = sampler or machinestate.Sampler(None, "not read")
+    with sampler.watch(lambda pid: launcher.carries_marker(pid, marker)) as watch:
+        try:
+            if srv:
+                proc = server.start([presets.substitute(a, subst) for a in srv.command], env, folder / "server.log")
+                ready_s, why = server.wait_ready(proc, folder / "server.log",
+                                                 presets.substitute(srv.ready_url, subst) if srv.ready_url else None,
+                                                 srv.ready_log, srv.ready_timeout_s)
+                launch["server_ready_s"] = None if ready_s is None else round(ready_s, 3)
+                if why:
+                    errors.append(why)
+                for w in range(srv.warmup_runs if not errors else 0):
+                    code, timed_out, _ = server.run_command(cmd, env, folder / f"warmup{w}.stdout.txt",
+                                                            folder / f"warmup{w}.stderr.txt", spec.timeout_s)
+                    if code != 0:
+                        errors.append(f"warmup run {w + 1} " + (f"timed out after {spec.timeout_s:g}s" if timed_out
+                                                                 else f"exited with code {code}"))
+                        break
+                _clear_results(spec, subst)
+            if not errors:
+                started_wall = time.time()
+                code, timed_out, wall = server.run_command(cmd, env, folder / "stdout.txt", folder / "stderr.txt",
+                                                           spec.timeout_s)
+                launch["command_s"] = round(wall, 3)
+                launch["exit_code"] = code
+                if timed_out:
+                    errors.append(f"the command was killed after the {spec.timeout_s:g}s deadline")
+                elif code != 0:
+                    errors.append(f"the command exited with code {code}")
+                if proc is not None and proc.poll() is not None:
+                    errors.append(f"the server exited (code {proc.returncode}) during the measured run")
+        finally:
+            if proc is not None:
+                stopped = server.stop_group(proc, ((signal.SIGINT, srv.stop_timeout_s),
+                                                   (signal.SIGTERM, srv.stop_timeout_s)))
+                launch["server_stop"] = stopped.signal
+                if stopped.killed:
+                    errors.append(f"the server outlived its stop (SIGINT and SIGTERM, {srv.stop_timeout_s:g}s each): "
+                                  "killed with SIGKILL")
+            left = server.kill_marked(marker)
+            if left:
+                launch["killed_survivors"] = left
+    launch["machine"] = watch.record()
     if not errors:
         values, missing = read_metrics(spec, folder, subst, started_wall)
         launch["values"] = values
@@ -278,7 +301,9 @@ def read_metrics(spec: AbSpec, folder: Path, subst: dict, not_before: float) -> 
                 stdout = presets._read_tail(str(folder / "stdout.txt"))
             v, why = presets.from_stdout(stdout, m.regex)
         else:
-            v, why = presets.from_file(presets.substitute(m.file, subst), m.field, m.aliases, not_before)
+            known = presets.preset_field(m.preset, m.field) if m.preset else None
+            v, why = presets.from_file(presets.substitute(m.file, subst), m.field, m.aliases, not_before,
+                                       known.hint if known else "")
         if v is None:
             missing.append(f"{m.name}: {why}")
         else:

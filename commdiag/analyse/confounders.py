@@ -122,7 +122,9 @@ def _list(v) -> list:
 
 
 def used_gpus(launch: dict, run: dict) -> set[int] | None:
-    """NVML indices of the GPUs the launch's ranks on the launching node used; None when unknown."""
+    """NVML indices of the GPUs the launch's ranks on the launching node used (their bus ids), else
+    those NVML listed the launch's own processes on (``own_gpus``: ab, whose benchmark reports no
+    ranks); None when unknown."""
     machine = _dict(launch.get("machine"))
     host = _dict(_dict(run.get("fingerprint")).get("launcher")).get("hostname")
     buses = {_norm_bus(r.get("pci_bus_id")) for r in _list(launch.get("ranks")) if isinstance(r, dict)
@@ -130,6 +132,8 @@ def used_gpus(launch: dict, run: dict) -> set[int] | None:
     buses.discard(None)
     found = {g.get("index") for g in _list(machine.get("gpus")) if isinstance(g, dict)
              and _norm_bus(g.get("pci_bus_id")) in buses}
+    if not found:
+        found = {i for i in _list(machine.get("own_gpus")) if isinstance(i, int) and not isinstance(i, bool)}
     return found or None
 
 
@@ -215,7 +219,17 @@ def _short(details: set[str], n: int = 3) -> str:
 
 def claim_check(run: dict, config: str, mode: str, where: str, stage: int) -> ClaimCheck:
     """The conditions that differ between ``config``'s and default's launches of ``stage``."""
-    arms = [(DEFAULT, _launches_of(run, DEFAULT, stage)), (config, _launches_of(run, config, stage))]
+    found, unrecorded = compare_arms(run, config, _launches_of(run, DEFAULT, stage),
+                                     _launches_of(run, config, stage), f"stage-{stage} launches")
+    return ClaimCheck(config, mode, where, stage, found, unrecorded)
+
+
+def compare_arms(run: dict, config: str, default_launches: list[dict], config_launches: list[dict],
+                 what: str = "launches") -> tuple[tuple[str, ...], int]:
+    """The conditions that differ between two arms' launches (module docstring), and how many of
+    them have no machine record.  The shared interface: sweep passes a claim's stage-2 launches,
+    ab an arm's launches; ``what`` is how the lines name them ("stage-2 launches")."""
+    arms = [(DEFAULT, default_launches), (config, config_launches)]
     unrecorded = sum(1 for _, ls in arms for l in ls if not recorded(l))
     hit: list[dict[str, tuple[int, set[str]]]] = []
     for _, ls in arms:
@@ -234,16 +248,16 @@ def claim_check(run: dict, config: str, mode: str, where: str, stage: int) -> Cl
             continue  # the same share of both arms (or an arm without records): cannot favour one
         first, second = ((DEFAULT, na, la), (config, nb, lb)) if na / la >= nb / lb else \
             ((config, nb, lb), (DEFAULT, na, la))
-        out.append(f"{first[1]} of {first[0]}'s {first[2]} stage-{stage} launches {PHRASE[grp]} "
+        out.append(f"{first[1]} of {first[0]}'s {first[2]} {what} {PHRASE[grp]} "
                    f"({_short(da | db)}); {second[1]} of {second[0]}'s {second[2]}")
     for key, name in (("sm_clock", "SM"), ("mem_clock", "memory")):
         vals = [[v for l in ls if (v := _clock(l, run, key)) is not None] for _, ls in arms]
         if vals[0] and vals[1]:
             a, b = median(vals[0]), median(vals[1])
             if abs(a - b) / max(a, b) > CLOCK_TOLERANCE:
-                out.append(f"{name} clocks under load differed between the arms: {DEFAULT}'s stage-{stage} "
-                           f"launches at {a:.0f} MHz, {config}'s at {b:.0f} MHz (medians of each launch's lowest)")
-    return ClaimCheck(config, mode, where, stage, tuple(out), unrecorded)
+                out.append(f"{name} clocks under load differed between the arms: {DEFAULT}'s {what} "
+                           f"at {a:.0f} MHz, {config}'s at {b:.0f} MHz (medians of each launch's lowest)")
+    return tuple(out), unrecorded
 
 
 # --------------------------------------------------------------------------- the run

@@ -34,8 +34,13 @@ def claim_lines(verdicts, cert, indent: str = "    ") -> list[str]:
         return []
     head = (f"certified {cert.result}, but confounded: " if cert.certified
             else "not certified, and confounded: ")
+    return confounded_lines(head, check.confounders, indent)
+
+
+def confounded_lines(head: str, reasons, indent: str = "    ") -> list[str]:
+    """``head`` + the first reason, "and: " + each further one, wrapped (sweep's claims, ab's verdicts)."""
     lines = []
-    for i, why in enumerate(check.confounders):
+    for i, why in enumerate(reasons):
         lines += _wrap((head if i == 0 else "and: ") + why, indent)
     return lines
 
@@ -57,8 +62,11 @@ def winner_lines(verdicts, winner) -> list[str]:
 def summary_lines(verdicts) -> list[str]:
     """The run's machine state in a few lines: why it is missing, or what the launches met."""
     c = getattr(verdicts, "confounders", None)
-    if c is None:
-        return []
+    return state_lines(c) if c is not None else []
+
+
+def state_lines(c: conf_mod.Confounders) -> list[str]:
+    """``summary_lines`` of a run's confounders (sweep's and ab's runs alike)."""
     if not c.recorded:
         return _wrap(f"machine state during the launches: not recorded ({c.reason})", "")
     if not c.notes:
@@ -118,8 +126,9 @@ def _gpu_cell(g: dict) -> str:
     return " ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if parts[2:] else "")
 
 
-def html_section(run: dict, verdicts) -> str:
-    """The report's "machine during the launches" section."""
+def html_section(run: dict, verdicts, stages: bool = True) -> str:
+    """The report's "machine during the launches" section (``stages``: a sweep's stage column;
+    ab's launches have none)."""
     c = getattr(verdicts, "confounders", None) or conf_mod.check(run)
     if not c.recorded:
         return f"<p>Not recorded: {_esc(c.reason)}.</p>"
@@ -147,8 +156,10 @@ def html_section(run: dict, verdicts) -> str:
             cells = "<br>".join(_esc(_gpu_cell(g)) for g in m.get("gpus", [])
                                 if isinstance(g, dict) and (used is None or g.get("index") in used))
         facts = "<br>".join(_esc(f) for f in c.launches.get(l.get("index"), [])) or ""
+        stage = f"<td>{_esc(l.get('stage', 1))}</td>" if stages else ""
         rows.append(f"<tr><td>{_esc(l.get('index'))}</td><td>{_esc(l.get('config'))}</td>"
-                    f"<td>{_esc(l.get('stage', 1))}</td><td>{cells}</td><td class=\"bad\">{facts}</td></tr>")
-    out.append("<details><summary>every launch</summary><table><tr><th>launch</th><th>config</th><th>stage</th>"
-               "<th>its GPUs</th><th>conditions</th></tr>" + "".join(rows) + "</table></details>")
+                    f"{stage}<td>{cells}</td><td class=\"bad\">{facts}</td></tr>")
+    out.append("<details><summary>every launch</summary><table><tr><th>launch</th><th>config</th>"
+               + ("<th>stage</th>" if stages else "")
+               + "<th>its GPUs</th><th>conditions</th></tr>" + "".join(rows) + "</table></details>")
     return "\n".join(out)

@@ -729,3 +729,7 @@ def _num3(v) -> str:
 
 def _num(v) -> str:
     return "" if v is None else f"{v:.2f}"
+
+
+# The page's parts other reports build with (ab/report.py): one look, one escaping, one plotly embedding.
+table, layout, axis = _table, _layout, _axis

@@ -312,6 +312,7 @@ class Watch:
         self.during: list[list[dict]] = []
         self.after: list[dict] | None = None
         self.others: list[dict] = []
+        self.own_gpus: list[int] = []  # GPUs NVML listed one of the launch's own processes on
         self.cost_s = 0.0  # what the launch waited for
         self.cpu_s = 0.0  # the reading thread's CPU time
         self.error: str | None = None
@@ -342,6 +343,7 @@ class Watch:
             self.after = self.sampler.read(FULL)
             log.add("after", self.after)
             self.others = log.entries()
+            self.own_gpus = sorted(log.own_gpus)
         except Exception as e:  # never into the sweep: the launch goes on, the record says why
             self.error = f"{type(e).__name__}: {str(e)[:160]}"
         finally:
@@ -369,7 +371,8 @@ class Watch:
         if self.error or self.before is None or self.after is None or not self._done.is_set():
             return {"available": False, "error": self.error or "readings incomplete"}
         return launch_record(self.sampler.gpus, self.before, self.during, self.after, self.others,
-                             period_s=self.sampler.period_s, cost_s=self.cost_s, cpu_s=self.cpu_s)
+                             period_s=self.sampler.period_s, cost_s=self.cost_s, cpu_s=self.cpu_s,
+                             own_gpus=self.own_gpus)
 
 
 class ProcessLog:
@@ -379,6 +382,7 @@ class ProcessLog:
     def __init__(self, is_own: Callable[[int], bool], name_of: Callable[[int], str]):
         self.is_own, self.name_of = is_own, name_of
         self._own: dict[int, bool] = {}
+        self.own_gpus: set[int] = set()  # where the launch's own processes were seen
         self._names: dict[int, str] = {}
         self._seen: dict[tuple[int, int], list[str]] = {}
 
@@ -391,6 +395,8 @@ class ProcessLog:
                 if pid not in self._own:
                     self._own[pid] = pid == os.getpid() or bool(self.is_own(pid))
                 if self._own[pid]:
+                    if pid != os.getpid():  # commdiag itself holds no GPU; its launch's processes do
+                        self.own_gpus.add(g["index"])
                     continue
                 if pid not in self._names:
                     self._names[pid] = self.name_of(pid)
@@ -466,7 +472,8 @@ def _delta(a, b):
 
 
 def launch_record(gpus: list[dict], before: list[dict], during: list[list[dict]], after: list[dict],
-                  others: list[dict], *, period_s: float, cost_s: float, cpu_s: float) -> dict:
+                  others: list[dict], *, period_s: float, cost_s: float, cpu_s: float,
+                  own_gpus: list[int] | None = None) -> dict:
     """One launch's ``machine`` entry from its raw readings: points before and after, the range
     under load while it ran, counters as deltas, and the other processes seen."""
     out_gpus = []
@@ -490,4 +497,5 @@ def launch_record(gpus: list[dict], before: list[dict], during: list[list[dict]]
                                    if (d := _delta(vb.get(k), va.get(k))) is not None}
         out_gpus.append(rec)
     return {"available": True, "period_s": period_s, "samples": len(during), "cost_s": round(cost_s, 6),
-            "cpu_s": round(cpu_s, 6), "gpus": out_gpus, "others": others}
+            "cpu_s": round(cpu_s, 6), "gpus": out_gpus, "others": others,
+            **({"own_gpus": list(own_gpus)} if own_gpus else {})}
