@@ -218,3 +218,45 @@ def test_explain_render_shows_the_matrix_beside_the_choices():
     # a run explained before transports were recorded renders as before
     old = {"nccl_version": "2.28.9", "notes": [], "configs": {"default": {"status": "ok", "sizes": {}}}}
     assert "Transport" not in explain.render(old, [{"bytes": 14336, "tokens": 1}])
+
+
+NET1 = CONSTRUCTED / "h200x1-gpu-recording-net-socket-hostid"
+
+
+def test_real_net_socket_recording_two_nodes_is_keyed_by_rank_and_gpu():
+    """Recorded on 1x H200: two ranks on the one GPU, each with an NCCL_HOSTID of its own, so NCCL saw two
+    nodes and connected them through sockets (benchmarks/gpu_transports_net1.sh).  GPU indexes repeat
+    across nodes: the matrix is rank/GPU x rank/GPU, not one GPU folded onto its diagonal."""
+    procs = tr.parse("\n".join(Path(f"{NET1}-rank{r}.log").read_text() for r in (0, 1))).values()
+    s = tr.summary_json(procs)
+    cells = {(p["src"], p["dst"]): p for p in s["pairs"]}
+    assert set(cells) == {("r0/GPU0", "r1/GPU0"), ("r1/GPU0", "r0/GPU0")}
+    for p in cells.values():  # each end prints its side: counted once per (channel, connection)
+        assert p["cell"] == "NET/Socket" and p["transports"] == {"NET/Socket/0": [[0, 0], [1, 0]]}
+    lines = tr.render_matrix(tr.matrix_json(procs))
+    assert lines[0].split() == ["from/to", "r0/GPU0", "r1/GPU0"]
+    assert lines[1].split() == ["r0/GPU0", "-", "NET/Socket"] and lines[2].split() == ["r1/GPU0", "NET/Socket", "-"]
+    assert "row: sending rank/GPU, column: receiving rank/GPU" in "\n".join(lines)
+
+
+def test_real_net_socket_recording_through_explain_log_with_p2p_and_shm_disabled(tmp_path):
+    from conftest import run_cli
+
+    files = [f"{NET1}-p2p-shm-off-rank{r}.log" for r in (0, 1)]
+    proc = run_cli("explain", "--log", files[0], "--log", files[1])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "NCCL_P2P_DISABLE=1  (every process)" in out and "NCCL_SHM_DISABLE=1  (every process)" in out
+    assert "r0/GPU0           - NET/Socket" in out and "NET/Socket = NET/Socket/0: 2 pair(s), 2 channel(s) each" in out
+    assert "rank 0/2 nNodes 2" in out and "NCCL_HOSTID differs between processes" in out
+
+
+def test_real_duplicate_gpu_refusal_says_why_there_are_no_connections():
+    from conftest import run_cli
+
+    proc = run_cli("explain", "--log", CONSTRUCTED / "h200x1-gpu-recording-duplicate-gpu-rank0.log")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stdout.split())
+    assert "pid 626: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60" in said
+    assert "no connection lines: NCCL warned before it connected anything" in said
+    assert "each rank needs a GPU of its own" in said and "NCCL_DEBUG_SUBSYS with INIT" not in said

@@ -102,6 +102,11 @@ def _notes(r: LogReport, files: list[logread.LogFile]) -> list[str]:
     out = []
     if not r.processes:
         out.append("no NCCL lines found: the log needs NCCL_DEBUG=INFO (lines 'host:pid:tid [dev] NCCL INFO ...')")
+    elif not r.transports["pairs"] and any(p["warnings"] for p in r.processes):
+        out.append("no connection lines: NCCL warned before it connected anything (WARN lines above)")
+        if any("Duplicate GPU detected" in w for p in r.processes for w in p["warnings"]):
+            out.append("Duplicate GPU detected: two ranks of one node were given the same GPU; each rank needs a "
+                       "GPU of its own (LOCAL_RANK -> torch.cuda.set_device, or CUDA_VISIBLE_DEVICES per rank)")
     elif not r.transports["pairs"]:
         out.append("no connection lines: they need NCCL_DEBUG_SUBSYS with INIT (or P2P, SHM, NET), and NCCL "
                    ">= 2.22 prints them when the first collective connects")

@@ -304,14 +304,22 @@ class PairTransport:
 
 
 def pairs(procs) -> dict[tuple[str, str], PairTransport]:
-    """(src GPU, dst GPU) -> PairTransport over every process (a connection line is printed by its sender;
-    NET lines by both ends: the sender's line is used, the receiver's only where the sender's log is missing)."""
+    """(src, dst) -> PairTransport over every process (a connection line is printed by its sender;
+    NET lines by both ends: the sender's line is used, the receiver's only where the sender's log is missing).
+
+    An endpoint is a GPU index ("3") on one node.  Where a communicator spans nodes (nNodes > 1), GPU
+    indexes repeat on every node (rank 0 and rank 8 both on GPU 0): endpoints are then rank and GPU
+    ("r8/GPU0"), or the matrix would fold every cross-node connection onto its diagonal."""
+    procs = list(procs)
+    by_rank = any((c.nnodes or 1) > 1 for p in procs for c in p.comms)
     send: dict[tuple[str, str], dict[str, set]] = {}
     recv: dict[tuple[str, str], dict[str, set]] = {}
     for proc in procs:
         for c in proc.connections:
             into = recv if c.side == "receive" else send
-            into.setdefault((c.src_gpu, c.dst_gpu), {}).setdefault(c.via, set()).add(
+            key = ((endpoint(c.src_rank, c.src_gpu), endpoint(c.dst_rank, c.dst_gpu)) if by_rank
+                   else (c.src_gpu, c.dst_gpu))
+            into.setdefault(key, {}).setdefault(c.via, set()).add(
                 (c.channel, -1 if c.conn_index is None else c.conn_index))
     for key, vias in recv.items():
         if key not in send:
@@ -320,8 +328,16 @@ def pairs(procs) -> dict[tuple[str, str], PairTransport]:
             for k, v in sorted(send.items(), key=lambda kv: (_gpu_key(kv[0][0]), _gpu_key(kv[0][1])))}
 
 
+def endpoint(rank: int, gpu: str) -> str:
+    """A matrix endpoint of a multi-node communicator: rank and its GPU on its own node."""
+    return f"r{rank}/GPU{gpu}" if gpu.isdigit() else f"r{rank}/{gpu}"
+
+
 def _gpu_key(g: str):
-    return (0, int(g), "") if g.isdigit() else (1, 0, g)
+    if g.isdigit():
+        return (0, int(g), "")
+    rank = re.match(r"r(\d+)/", g)
+    return (1, int(rank.group(1)), g) if rank else (2, 0, g)
 
 
 def matrix_json(procs) -> dict:
@@ -345,7 +361,7 @@ def render_matrix(data: dict, indent: str = "  ") -> list[str]:
     if not gpus:
         return [f"{indent}no connection lines (NCCL prints them with NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS "
                 "including INIT, when the first collective connects)"]
-    name = lambda g: f"GPU{g}" if g.isdigit() else g[:8]
+    name = lambda g: f"GPU{g}" if g.isdigit() else g[:10]
     first = max(6, max(len(name(g)) for g in gpus) + 1)
     cw = max(5, max([len(p["cell"]) for p in data["pairs"]] + [len(name(g)) for g in gpus]) + 1)
     cw = min(cw, 11)
@@ -377,7 +393,8 @@ def _legend(pair_list: list[dict], indent: str, letters: bool) -> list[str]:
     for p in pair_list:
         for via, slots in p["transports"].items():
             by_label.setdefault(short_label(via), {}).setdefault(via, []).append(len(slots))
-    out = ["", f"{indent}'.': no connection seen; row: sending GPU, column: receiving GPU"]
+    ends = "rank/GPU" if any(not p["src"].isdigit() and p["src"].startswith("r") for p in pair_list) else "GPU"
+    out = ["", f"{indent}'.': no connection seen; row: sending {ends}, column: receiving {ends}"]
     for label, vias in sorted(by_label.items()):
         for via, counts in sorted(vias.items()):
             lo, hi = min(counts), max(counts)
