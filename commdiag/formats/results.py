@@ -62,7 +62,7 @@ from ..atomic import write_json, write_text
 from ..errors import CommdiagError, brief
 
 RUN_FORMAT = "commdiag-run"
-RUN_FORMAT_VERSION = 4  # 4: machine_state, launches[].machine (history above)
+RUN_FORMAT_VERSION = 5  # 5: spec.launch, run.launch, launches[].launched_by (history above)
 
 SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
                    "enqueue_us"]
