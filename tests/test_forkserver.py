@@ -205,3 +205,27 @@ def test_forkserver_sweep_takes_at_most_70_percent_of_torchrun_time(tmp_path):
     print(bench.render(res))
     assert all(s["launches"] == 6 for m in bench.METHODS for s in res["sweeps"][m])
     assert res["ratio"] <= bench.TARGET, bench.render(res)
+
+
+def test_nccl_log_compare_of_the_gpu_proof_on_a_recorded_log(tmp_path, capsys):
+    """benchmarks/compare_nccl_logs.py (the GPU proof's judge) on rank 0's lines of a real 2x H200
+    recording: the same lines from another pid pass; one value changed fails and is named."""
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("compare_nccl_logs", REPO / "benchmarks" / "compare_nccl_logs.py")
+    cmp = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(cmp)
+    recorded = (REPO / "tests" / "fixtures" / "h200x2-nvlink" / "nccl-debug-env-seed-settings.log").read_text()
+    rank0 = "\n".join(l for l in recorded.splitlines() if l.startswith("vm:1051:1051 "))
+    seed = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+            "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+    for name, text in (("a", rank0), ("b", rank0.replace("vm:1051:1051", "vm:2051:2051")),
+                       ("c", rank0.replace("NCCL_BUFFSIZE set by environment to 16777216.",
+                                           "NCCL_BUFFSIZE set by environment to 4194304."))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "nccl.vm.1.log").write_text(text + "\n")
+    assert cmp.compare(tmp_path / "a", tmp_path / "b", seed) == 0
+    assert "PROOF 1: PASS" in capsys.readouterr().out
+    assert cmp.compare(tmp_path / "a", tmp_path / "c", seed, tmp_path / "r.json") == 1
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert not report["env_equal"] and report["wanted_missing"] == {"NCCL_BUFFSIZE": "16777216"}

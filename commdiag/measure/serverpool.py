@@ -294,9 +294,12 @@ def _signal(pid: int, marker: str, sig: int, group: bool = False) -> bool:
         return False
     try:
         if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
+            try:
+                os.killpg(pid, sig)
+                return True
+            except ProcessLookupError:  # forked a moment ago: not yet the leader of its own group
+                pass
+        os.kill(pid, sig)
         return True
     except (ProcessLookupError, PermissionError):
         return False
