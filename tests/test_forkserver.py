@@ -229,3 +229,23 @@ def test_nccl_log_compare_of_the_gpu_proof_on_a_recorded_log(tmp_path, capsys):
     assert cmp.compare(tmp_path / "a", tmp_path / "c", seed, tmp_path / "r.json") == 1
     report = json.loads((tmp_path / "r.json").read_text())
     assert not report["env_equal"] and report["wanted_missing"] == {"NCCL_BUFFSIZE": "16777216"}
+
+
+def test_a_launch_server_and_its_child_import_nothing_from_the_folder_commdiag_runs_in(tmp_path, monkeypatch):
+    """As test_safety_children's sweep launch, for the fork server: a folder of modules that record
+    that they ran (json.py, torch.py, runpy.py, ...) is the working folder; nothing of it runs."""
+    from test_safety_children import plant, ran
+
+    marker = plant(tmp_path / "cwd")
+    monkeypatch.chdir(tmp_path / "cwd")
+    (tmp_path / "launch").mkdir()
+    plan = tmp_path / "launch" / "plan.json"
+    plan.write_text("{}")  # not a plan: the child runs the worker, which fails on it
+    pool = serverpool.ServerPool(1, dict(os.environ))
+    try:
+        out = pool.launch(0, {}, {}, plan, 120)
+    finally:
+        pool.close()
+    log = (tmp_path / "launch" / "launch.log").read_text()
+    assert out.exit_code == 1 and "commdiag/measure/worker.py" in log, log[-2000:]
+    assert ran(marker) == ""
