@@ -3,7 +3,8 @@
     python3 benchmarks/compare_nccl_logs.py DIR_A DIR_B [NAME=VALUE ...]
 
 Reads every ``nccl.*.log`` (NCCL_DEBUG_FILE) in each folder.  ENV lines ("NCCL_X set by environment
-to V") must be the same set in both, and each NAME=VALUE given must be among them.  INIT lines are
+to V") must be the same set in both, and each NAME=VALUE given must be among them in both, or
+absent from both (with one rank NCCL logs no NCCL_PROTO/NCCL_ALGO: it skips its tuning model).  INIT lines are
 compared as multisets after masking what differs between any two processes: addresses and ids (hex),
 timings (decimals), the launch folder's path, the host:pid:tid prefix.  Exit 0 when both match.
 """
@@ -46,17 +47,23 @@ def compare(a: Path, b: Path, want: dict[str, str], out_json: Path | None = None
     env_b, init_b = lines_of(b)
     applied_a = {s["name"]: _value(s["value"]) for s in map(_SET.match, env_a)}
     applied_b = {s["name"]: _value(s["value"]) for s in map(_SET.match, env_b)}
-    missing = {k: v for k, v in want.items() if applied_a.get(k) != v or applied_b.get(k) != v}
+    # With one rank NCCL skips its tuning model and logs no NCCL_PROTO/NCCL_ALGO (seen on 1x H200): a
+    # variable absent from both logs is listed as unlogged; one logged with another value, or in only
+    # one of the two, fails.
+    unlogged = sorted(k for k in want if k not in applied_a and k not in applied_b)
+    missing = {k: v for k, v in want.items() if k not in unlogged and (applied_a.get(k) != v or applied_b.get(k) != v)}
     only_a, only_b = init_a - init_b, init_b - init_a
     ok = bool(env_a) and env_a == env_b and not missing and not only_a and not only_b
     report = {"a": str(a), "b": str(b), "env_lines_a": sorted(env_a), "env_lines_b": sorted(env_b),
-              "env_equal": env_a == env_b, "wanted_missing": missing, "init_lines": sum(init_a.values()),
+              "env_equal": env_a == env_b, "wanted_missing": missing, "wanted_unlogged": unlogged, "init_lines": sum(init_a.values()),
               "init_only_a": sorted(only_a.elements()), "init_only_b": sorted(only_b.elements()), "equal": ok}
     print(f"ENV lines: {len(env_a)} in {a.name}, {len(env_b)} in {b.name}: "
           + ("identical" if env_a == env_b else "DIFFERENT"))
     for line in sorted(env_a | env_b):
         print(f"  {'=' if line in env_a and line in env_b else ('A' if line in env_a else 'B')} {line}")
-    print("config variables applied in both: " + ("all" if not missing else f"MISSING {missing}"))
+    print("config variables applied in both: " + ("all logged" if not missing else f"MISSING {missing}")
+          + (f"; logged by neither: {', '.join(unlogged)} (with one rank NCCL skips its tuning model)"
+             if unlogged else ""))
     print(f"INIT lines (masked): {sum(init_a.values())} vs {sum(init_b.values())}: "
           + ("identical" if not only_a and not only_b else "DIFFERENT"))
     for line in sorted(only_a.elements()):

@@ -30,10 +30,15 @@ SEED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_
         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
 
 
+# FS_PROOF_BACKEND=gloo: a dry run of this script's machinery on CPU (no NCCL log: proof 1 then fails)
+BACKEND = os.environ.get("FS_PROOF_BACKEND", "nccl")
+
+
 def plan(folder: Path, config_env: dict) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
-    return {"backend": "nccl", "dtype": "bfloat16", "sizes": [8192], "modes": ["eager"], "warmup": 5,
-            "iters": 20, "batch": "auto", "window_us": 500, "vias": ["torch", "nccl-direct"],
+    return {"backend": BACKEND, "dtype": "bfloat16" if BACKEND == "nccl" else "float32", "sizes": [8192],
+            "modes": ["eager"], "warmup": 5, "iters": 20, "batch": "auto", "window_us": 500,
+            "vias": ["torch", "nccl-direct"] if BACKEND == "nccl" else ["torch"],
             "replay_stream": "side", "watch_env": sorted(config_env), "out_dir": str(folder.resolve()),
             "config": "x", "launch": 0, "nccl_debug_file": str(folder.resolve() / "nccl.%h.%p.log")}
 

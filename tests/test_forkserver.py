@@ -249,3 +249,22 @@ def test_a_launch_server_and_its_child_import_nothing_from_the_folder_commdiag_r
     log = (tmp_path / "launch" / "launch.log").read_text()
     assert out.exit_code == 1 and "commdiag/measure/worker.py" in log, log[-2000:]
     assert ran(marker) == ""
+
+
+def test_nccl_log_compare_names_a_variable_logged_by_one_launch_only(tmp_path):
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("compare_nccl_logs", REPO / "benchmarks" / "compare_nccl_logs.py")
+    cmp = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(cmp)
+    recorded = (REPO / "tests" / "fixtures" / "h200x2-nvlink" / "nccl-debug-env-seed-settings.log").read_text()
+    rank0 = [l for l in recorded.splitlines() if l.startswith("vm:1051:1051 ")]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "nccl.vm.1.log").write_text("\n".join(rank0) + "\n")
+    # b: NCCL_PROTO not logged at all (a one-rank communicator logs no PROTO/ALGO: only if neither does)
+    (tmp_path / "b" / "nccl.vm.1.log").write_text("\n".join(l for l in rank0 if "NCCL_PROTO" not in l) + "\n")
+    assert cmp.compare(tmp_path / "a", tmp_path / "b", {"NCCL_PROTO": "LL"}, tmp_path / "r.json") == 1
+    assert json.loads((tmp_path / "r.json").read_text())["wanted_missing"] == {"NCCL_PROTO": "LL"}
+    assert cmp.compare(tmp_path / "b", tmp_path / "b", {"NCCL_PROTO": "LL"}, tmp_path / "r.json") == 0
+    assert json.loads((tmp_path / "r.json").read_text())["wanted_unlogged"] == ["NCCL_PROTO"]
