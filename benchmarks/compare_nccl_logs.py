@@ -3,8 +3,8 @@
     python3 benchmarks/compare_nccl_logs.py DIR_A DIR_B [NAME=VALUE ...]
 
 Reads every ``nccl.*.log`` (NCCL_DEBUG_FILE) in each folder.  ENV lines ("NCCL_X set by environment
-to V") must be the same set in both, and each NAME=VALUE given must be among them in both, or
-absent from both (with one rank NCCL logs no NCCL_PROTO/NCCL_ALGO: it skips its tuning model).  INIT lines are
+to V") must be the same set in both, and each NAME=VALUE given must be among them in both
+(NCCL_PROTO and NCCL_ALGO may be absent from both: with one rank NCCL skips its tuning model).  INIT lines are
 compared as multisets after masking what differs between any two processes: addresses and ids (hex),
 timings (decimals), the launch folder's path, the host:pid:tid prefix.  Exit 0 when both match.
 """
@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from commdiag.nccl.ncclog import _PREFIX, _SET, _value  # noqa: E402
 
+TUNING_VARS = ("NCCL_PROTO", "NCCL_ALGO")  # read by NCCL's tuning model only, which one rank skips
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _DEC = re.compile(r"\d+\.\d+")
 _PID = re.compile(r"\bpid \d+")
@@ -50,7 +51,7 @@ def compare(a: Path, b: Path, want: dict[str, str], out_json: Path | None = None
     # With one rank NCCL skips its tuning model and logs no NCCL_PROTO/NCCL_ALGO (seen on 1x H200): a
     # variable absent from both logs is listed as unlogged; one logged with another value, or in only
     # one of the two, fails.
-    unlogged = sorted(k for k in want if k not in applied_a and k not in applied_b)
+    unlogged = sorted(k for k in want if k in TUNING_VARS and k not in applied_a and k not in applied_b)
     missing = {k: v for k, v in want.items() if k not in unlogged and (applied_a.get(k) != v or applied_b.get(k) != v)}
     only_a, only_b = init_a - init_b, init_b - init_a
     ok = bool(env_a) and env_a == env_b and not missing and not only_a and not only_b

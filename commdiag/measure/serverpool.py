@@ -46,6 +46,10 @@ class ServerRefused(Exception):
 class PoolBroken(Exception):
     """A server could not be started or did not answer as it must."""
 
+    def __init__(self, why: str, timed_out: bool = False):
+        super().__init__(why)
+        self.timed_out = timed_out
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -99,7 +103,7 @@ class ServerPool:
     def server_pids(self) -> set[int]:
         return {s.proc.pid for s in self.servers}
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         env = launcher.launch_env(self.base_env, process_defaults(self.base_env, self.nproc),
                                   {launcher.MARKER: self.marker})
         argv = module_argv("commdiag.measure.forkserver")
@@ -112,13 +116,15 @@ class ServerPool:
         finally:
             if err is not subprocess.DEVNULL:
                 err.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         for s in self.servers:
             msg = self._read(s, deadline)
             if msg is None or "ready" not in msg:
+                late = time.monotonic() >= deadline
                 self.close()
                 raise PoolBroken(f"launch server of rank {s.rank} did not start"
-                                 + (f" (see {self.stderr_path})" if self.stderr_path else ""))
+                                 + (f" within {timeout_s:g} s" if late else "")
+                                 + (f" (see {self.stderr_path})" if self.stderr_path else ""), timed_out=late)
 
     def close(self) -> None:
         """End every server (EOF first: it kills its children), then anything left with the marker."""
@@ -154,8 +160,8 @@ class ServerPool:
         log = plan_path.parent / LOG_NAME
         log.touch()
         try:
-            if not self.running:
-                self.start()
+            if not self.running:  # the launch's deadline covers the servers' start, as torchrun's does
+                self.start(min(START_TIMEOUT_S, deadline_s))
             return self._launch(index, config_env, extra_env, plan_path, log, t0, deadline_s)
         except KeyboardInterrupt:
             self._end_children()
@@ -164,7 +170,7 @@ class ServerPool:
         except PoolBroken as e:
             with open(log, "a") as f:
                 f.write(f"commdiag: {e}\n")
-            return launcher.LaunchOutcome(None, False, time.monotonic() - t0, 0)
+            return launcher.LaunchOutcome(None, e.timed_out, time.monotonic() - t0, 0)
 
     def _launch(self, index, config_env, extra_env, plan_path, log, t0, deadline_s) -> launcher.LaunchOutcome:
         port = free_port()
@@ -190,8 +196,11 @@ class ServerPool:
                 return launcher.LaunchOutcome(None, False, time.monotonic() - t0, self._killed())
             if "refused" in msg:
                 refused.append(f"rank {s.rank}: {msg['refused']}")
+            elif isinstance(msg.get("started"), int):
+                s.child = msg["started"]
             else:
-                s.child = int(msg["started"])
+                self._broken(log, f"launch server of rank {s.rank} answered {str(msg)[:200]!r}")
+                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, 0)
         if refused:
             self._end_children()
             self.close()
