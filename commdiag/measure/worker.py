@@ -46,7 +46,8 @@ Test-only switch, honoured only when set: ``COMMDIAG_TEST_FAULT`` = ``hang``
 ``wrong`` (rank 0 corrupts one element, so the check counts it), or
 ``hang-teardown`` (all results written, then rank 0 never exits).  The tests
 set it as an ordinary config variable.  Nothing on this module's import path reads the
-environment at import time (a launch server imports it once for many launches: docs/launch-methods.md).
+environment at import time: a launch server imports it once for many launches
+(docs/launch-methods.md).
 """
 
 from __future__ import annotations
