@@ -126,8 +126,9 @@ class ServerPool:
                                  + (f" within {timeout_s:g} s" if late else "")
                                  + (f" (see {self.stderr_path})" if self.stderr_path else ""), timed_out=late)
 
-    def close(self) -> None:
-        """End every server (EOF first: it kills its children), then anything left with the marker."""
+    def close(self) -> int:
+        """End every server (EOF first: it kills its children), then anything left with the marker;
+        returns how many such leftovers were killed."""
         for s in self.servers:
             try:
                 s.proc.stdin.close()
@@ -145,10 +146,12 @@ class ServerPool:
                     pass
             if s.proc.stdout:
                 s.proc.stdout.close()
+        killed = 0
         if self.servers:
-            launcher.kill_marked(self.marker)  # children of a server that was killed
+            killed = launcher.kill_marked(self.marker)  # children of a server that was killed
             self.marker = launcher.new_marker()
         self.servers = []
+        return killed
 
     # -- one launch ------------------------------------------------------------------------------
 
@@ -185,22 +188,22 @@ class ServerPool:
                 s.proc.stdin.write((json.dumps(cmd) + "\n").encode())
                 s.proc.stdin.flush()
             except OSError:
-                self._broken(log, f"launch server of rank {s.rank} is gone")
-                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, 0)
+                killed = self._broken(log, f"launch server of rank {s.rank} is gone")
+                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, killed)
         answer_by = time.monotonic() + ANSWER_TIMEOUT_S
         refused = []
         for s in self.servers:
             msg = self._read(s, answer_by)
             if msg is None:
-                self._broken(log, f"launch server of rank {s.rank} did not answer")
-                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, self._killed())
+                killed = self._broken(log, f"launch server of rank {s.rank} did not answer")
+                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, killed)
             if "refused" in msg:
                 refused.append(f"rank {s.rank}: {msg['refused']}")
             elif isinstance(msg.get("started"), int):
                 s.child = msg["started"]
             else:
-                self._broken(log, f"launch server of rank {s.rank} answered {str(msg)[:200]!r}")
-                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, 0)
+                killed = self._broken(log, f"launch server of rank {s.rank} answered {str(msg)[:200]!r}")
+                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, killed)
         if refused:
             self._end_children()
             self.close()
@@ -224,15 +227,15 @@ class ServerPool:
                 deadline = time.monotonic() + 2 * launcher.KILL_GRACE_S + ANSWER_TIMEOUT_S
                 continue
             if left <= 0:  # past the grace period too: a server that does not report is broken
-                self._broken(log, "a launch server did not report its child's exit")
-                break
+                killed = self._broken(log, "a launch server did not report its child's exit")
+                return launcher.LaunchOutcome(None, timed_out, time.monotonic() - t0, killed)
             waiting = [s for s in self.servers if s.exit is None]
             ready, _, _ = select.select(waiting, [], [], min(left, 1.0))
             for s in ready:
                 msg = self._read(s, time.monotonic() + ANSWER_TIMEOUT_S)
                 if msg is None:
-                    self._broken(log, f"launch server of rank {s.rank} died")
-                    return launcher.LaunchOutcome(None, timed_out, time.monotonic() - t0, self._killed())
+                    killed = self._broken(log, f"launch server of rank {s.rank} died")
+                    return launcher.LaunchOutcome(None, timed_out, time.monotonic() - t0, killed)
                 failed = self._on_message(s, msg, failed)
         killed = self._killed()
         code = None if timed_out else (failed if failed is not None else 0)
@@ -290,11 +293,12 @@ class ServerPool:
                 count += 1
         return count
 
-    def _broken(self, log: Path, why: str) -> None:
+    def _broken(self, log: Path, why: str) -> int:
+        """Say why in the launch's log, end its children and the servers; returns close()'s count."""
         with open(log, "a") as f:
             f.write(f"commdiag: {why}; the launch servers are restarted for the next launch\n")
         self._end_children()
-        self.close()
+        return self.close()
 
 
 def _signal(pid: int, marker: str, sig: int, group: bool = False) -> bool:
