@@ -37,6 +37,16 @@ def survivors(run):
     return [pid for l in run["launches"] if l.get("marker") for pid in launcher.marked_pids(l["marker"])]
 
 
+# The sweep's fault tests run under both launch methods (docs/launch-methods.md).
+METHODS = pytest.mark.parametrize("method", ["forkserver", "torchrun"])
+
+
+def launched_by(run, method):
+    """Every launch that ran was started by ``method``, as run.json records."""
+    assert run["launch"]["method"] == method
+    assert {l["launched_by"] for l in run["launches"] if l["status"] != "pending"} == {method}
+
+
 def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
     out = tmp_path / "run"
     spec = write_spec(tmp_path / "s.yaml", trials=2, base_env={"NCCL_NVLS_ENABLE": "0"},
@@ -45,7 +55,7 @@ def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "busbw" in proc.stdout and "ETA" in proc.stderr
     run = read_run(out)
-    assert run["format"] == "commdiag-run" and run["version"] == 4 and run["state"] == "complete"
+    assert run["format"] == "commdiag-run" and run["version"] == 5 and run["state"] == "complete"
     assert [l["status"] for l in run["launches"]] == ["ok"] * 4
     # the machine's state: gloo uses no GPU, said once per run; each launch only says "not read"
     assert run["machine_state"] == {"available": False,
@@ -80,9 +90,10 @@ def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
     assert not survivors(run)
 
 
-def test_hang_crash_and_wrong_launches_are_recorded_and_killed(tmp_path):
+@METHODS
+def test_hang_crash_and_wrong_launches_are_recorded_and_killed(tmp_path, method):
     out = tmp_path / "run"
-    spec = write_spec(tmp_path / "s.yaml", timeout_s=25, configs={
+    spec = write_spec(tmp_path / "s.yaml", timeout_s=25, launch=method, configs={
         "hang": {"COMMDIAG_TEST_FAULT": "hang"},
         "crash": {"COMMDIAG_TEST_FAULT": "crash"},
         "wrong": {"COMMDIAG_TEST_FAULT": "wrong"},
@@ -100,23 +111,28 @@ def test_hang_crash_and_wrong_launches_are_recorded_and_killed(tmp_path):
     # the good launch's samples survived the bad ones
     configs_with_samples = {r["config"] for r in csv.DictReader(open(out / "samples.csv"))}
     assert {"default", "wrong"} <= configs_with_samples and "hang" not in configs_with_samples
+    launched_by(run, method)
     assert not survivors(run)
 
 
-def test_teardown_hang_is_a_timeout_with_complete_results(tmp_path):
+@METHODS
+def test_teardown_hang_is_a_timeout_with_complete_results(tmp_path, method):
     out = tmp_path / "run"
-    spec = write_spec(tmp_path / "s.yaml", timeout_s=20, configs={"td": {"COMMDIAG_TEST_FAULT": "hang-teardown"}})
+    spec = write_spec(tmp_path / "s.yaml", timeout_s=20, launch=method,
+                      configs={"td": {"COMMDIAG_TEST_FAULT": "hang-teardown"}})
     proc = run_cli("sweep", spec, "--out", out, "--set", "trials=1", "--no-confirm")
     assert proc.returncode == 3
     run = read_run(out)
     td = next(l for l in run["launches"] if l["config"] == "td")
     assert td["status"] == "timeout" and td["results_complete"] and "teardown" in td["error"]
+    launched_by(run, method)
     assert not survivors(run)
 
 
-def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path):
+@METHODS
+def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path, method):
     out = tmp_path / "run"
-    spec = write_spec(tmp_path / "s.yaml", trials=2, configs={"b": {"NCCL_PROTO": "Simple"}})
+    spec = write_spec(tmp_path / "s.yaml", trials=2, launch=method, configs={"b": {"NCCL_PROTO": "Simple"}})
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out), "--no-confirm"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -140,6 +156,8 @@ def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path):
     for index, content in done.items():  # finished launches were not redone
         assert (out / "launches" / f"{index:04d}" / "result.json").read_bytes() == content
     assert len(load_run(out).samples) == 4 * 2 * 5
+    launched_by(run, method)  # --resume uses the method recorded in run.json
+    assert not survivors(run)
 
 
 def test_two_torchrun_agents_rendezvous_on_localhost(tmp_path):
@@ -261,9 +279,11 @@ def test_reuse_process_runs_per_communicator_settings_in_one_process(tmp_path, m
     assert not survivors(run)
 
 
-def test_reuse_process_keeps_finished_runs_when_a_later_one_crashes(tmp_path):
+@METHODS
+def test_reuse_process_keeps_finished_runs_when_a_later_one_crashes(tmp_path, method):
+    # reuse_process composes with either method: a batch is one process (one forked child per rank)
     out = tmp_path / "run"
-    spec = write_spec(tmp_path / "s.yaml", trials=1, reuse_process=True, seed=3,
+    spec = write_spec(tmp_path / "s.yaml", trials=1, reuse_process=True, seed=3, launch=method,
                       configs={"ll": {"NCCL_PROTO": "LL"}, "crash": {"COMMDIAG_TEST_FAULT": "crash"}})
     proc = run_cli("sweep", spec, "--out", out, "--no-confirm")
     assert proc.returncode == 3, proc.stderr
@@ -283,13 +303,18 @@ def test_reuse_process_refuses_a_users_own_nccl_debug(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_second_sweep_in_a_folder_is_refused_and_resume_after_kill_9_ends_the_orphans(tmp_path):
-    # one process per run folder; a launch left running by a killed commdiag
-    # is found by its recorded marker and ended before --resume reruns it.
+@METHODS
+def test_second_sweep_in_a_folder_is_refused_and_resume_after_kill_9_ends_the_orphans(tmp_path, method):
+    # one process per run folder; a launch left running by a killed commdiag is ended: a torchrun
+    # launch's processes are found by its recorded marker and ended before --resume reruns it; launch
+    # servers see EOF on their control pipe, end their children and exit by themselves.
     out = tmp_path / "run"
     # The deadline covers every launch, the healthy one too: 30 s holds for a 4-7 s launch on a machine
     # whose cores all run tests (-n equal to the core count); 12 s did not on a 16-core GPU box at -n 12.
-    spec = write_spec(tmp_path / "s.yaml", timeout_s=30, seed=1, configs={"hang": {"COMMDIAG_TEST_FAULT": "hang"}})
+    spec = write_spec(tmp_path / "s.yaml", timeout_s=30, seed=1, launch=method,
+                      configs={"hang": {"COMMDIAG_TEST_FAULT": "hang"}})
+    # torchrun: the agent and its 2 workers; forkserver: 2 servers and the launch's 2 children
+    up = 4 if method == "forkserver" else 2
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     first = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out),
                               "--no-confirm"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -300,7 +325,7 @@ def test_second_sweep_in_a_folder_is_refused_and_resume_after_kill_9_ends_the_or
                 hung = [l for l in read_run(out)["launches"] if l["config"] == "hang" and l.get("marker")]
             except (OSError, ValueError):
                 hung = []
-            if hung and len(launcher.marked_pids(hung[0]["marker"])) >= 2:
+            if hung and len(launcher.marked_pids(hung[0]["marker"])) >= up:
                 marker = hung[0]["marker"]
                 break
             time.sleep(0.2)
@@ -309,10 +334,17 @@ def test_second_sweep_in_a_folder_is_refused_and_resume_after_kill_9_ends_the_or
         message = one_message(second.stderr)  # one message, wrapped at 100 columns
         assert second.returncode == 2 and "another commdiag process" in message
         assert f"pid {first.pid}" in message and "Traceback" not in second.stderr
-        first.kill()  # kill -9: its torchrun and workers live on, re-parented
+        first.kill()  # kill -9: a torchrun and its workers live on, re-parented
         first.wait(timeout=30)
         orphans = launcher.marked_pids(marker)
-        assert orphans, "kill -9 of commdiag left no orphans to test with"
+        if method == "forkserver":  # the servers saw EOF: children and servers end without help
+            deadline = time.monotonic() + 30
+            while orphans and time.monotonic() < deadline:
+                time.sleep(0.2)
+                orphans = launcher.marked_pids(marker)
+            assert not orphans, "launch servers outlived their commdiag"
+        else:
+            assert orphans, "kill -9 of commdiag left no orphans to test with"
     finally:
         if first.poll() is None:
             first.kill()
@@ -320,14 +352,17 @@ def test_second_sweep_in_a_folder_is_refused_and_resume_after_kill_9_ends_the_or
     assert resumed.returncode == 3, resumed.stderr[-2000:]  # the hanging launch times out again
     assert not [p for p in orphans if launcher.marked_pids(marker) and p in launcher.marked_pids(marker)]
     run = read_run(out)
-    assert any("ended" in w and "left running by an earlier commdiag" in w for w in run["warnings"])
+    if method == "torchrun":
+        assert any("ended" in w and "left running by an earlier commdiag" in w for w in run["warnings"])
     assert {l["config"]: l["status"] for l in run["launches"]} == {"default": "ok", "hang": "timeout"}
+    launched_by(run, method)
     assert not survivors(run)
 
 
-def test_a_sweep_started_with_sigint_ignored_can_still_be_interrupted(tmp_path):
+@METHODS
+def test_a_sweep_started_with_sigint_ignored_can_still_be_interrupted(tmp_path, method):
     out = tmp_path / "run"
-    spec = write_spec(tmp_path / "s.yaml", trials=3, timeout_s=60)
+    spec = write_spec(tmp_path / "s.yaml", trials=3, timeout_s=60, launch=method)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out),
                              "--no-confirm"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -336,4 +371,6 @@ def test_a_sweep_started_with_sigint_ignored_can_still_be_interrupted(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
-    assert read_run(out)["state"] == "interrupted"
+    run = read_run(out)
+    assert run["state"] == "interrupted"
+    assert not survivors(run)

@@ -7,7 +7,9 @@ Layout of a run folder (``reports/<UTC timestamp>-<name>/`` by default)::
                          environment fingerprint.  Rewritten atomically after every launch.
     launches/NNNN/       one folder per launch: plan.json (what the worker was told),
                          result.json (all ranks' raw samples, written by the worker),
-                         torchrun.log, NCCL debug files, rank<N>.error.txt on failure.
+                         torchrun.log (launch: torchrun) or launch.log (launch: forkserver),
+                         NCCL debug files, rank<N>.error.txt on failure.
+    launch-servers.log   launch: forkserver only: what the launch servers themselves printed.
     samples.csv          tidy, one row per sample (max over ranks per iteration).
     summary.csv          per config x size x mode: medians, spread, launches, bandwidth, #wrong.
 
@@ -48,6 +50,13 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
        ran, counter deltas (PCIe replays and recoveries, energy, throttled time), and the other
        compute processes seen.  Version 1-3 folders are still read; their launches have no
        ``machine`` and their confounders are "not recorded".
+    5  launch methods (docs/launch-methods.md): ``spec.launch`` (forkserver | torchrun), run.json
+       ``launch`` ({requested, method, note?, fallback?}: the method the run used, why it differs
+       from the spec's, and why the launch servers were given up mid-run), and per launch
+       ``launched_by``; a forkserver launch's log is ``launches/NNNN/launch.log`` and the servers'
+       own output ``launch-servers.log``.  Bumped because an older commdiag cannot read a spec with
+       ``launch`` (it would fail, not ignore it).  Version 1-4 folders are still read: their spec
+       has no ``launch`` and was run with torchrun.
 """
 
 from __future__ import annotations
@@ -62,7 +71,7 @@ from ..atomic import write_json, write_text
 from ..errors import CommdiagError, brief
 
 RUN_FORMAT = "commdiag-run"
-RUN_FORMAT_VERSION = 4  # 4: machine_state, launches[].machine (history above)
+RUN_FORMAT_VERSION = 5  # 5: spec.launch, run.launch, launches[].launched_by (history above)
 
 SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
                    "enqueue_us"]

@@ -34,6 +34,10 @@ VIAS = ("torch", "nccl-direct")
 # removed (compute only) and with its compute removed (the all-reduces only).
 STEP_VIAS = ("step", "step-compute", "step-comm")
 REPLAY_STREAMS = ("side", "default")
+# How each launch's processes start (docs/launch-methods.md): a fork of a per-rank launch server
+# that imported torch once, or a fresh torchrun.  The default, per backend, is this one table.
+LAUNCH_METHODS = ("forkserver", "torchrun")
+DEFAULT_LAUNCH = {"gloo": "forkserver", "nccl": "forkserver"}
 DEFAULT_CONFIG = "default"
 # Size bands for verdicts (tokens, inclusive); null = unbounded.  Decode steps and
 # speculative verify steps send 1..64 tokens, prefill chunks 256 and more.
@@ -84,6 +88,7 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "vias": ((list, type(None)), None),
     "replay_stream": ((str,), "side"),
     "reuse_process": ((bool,), False),
+    "launch": ((str, type(None)), None),
     "timeout_s": ((int, float), 180),
     "base_env": ((dict, type(None)), None),
     "configs": ((dict, type(None)), None),
@@ -142,6 +147,8 @@ class Spec:
     vias: tuple[str, ...] = ("torch",)
     replay_stream: str = "side"
     reuse_process: bool = False
+    # forkserver | torchrun (LAUNCH_METHODS); a run stored before the key existed used torchrun
+    launch: str = "torchrun"
     # Stage 2 of the verdict method (verdict.py): configs whose answer is confirmed either way
     # (faster or slower, two-sided) besides the screening's candidates, and the rounds (None: auto).
     confirm_configs: tuple[str, ...] = ()
@@ -442,6 +449,12 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
             vias = ["torch", "nccl-direct"] if backend == "nccl" else ["torch"]
         vias = _choices(path, "vias", vias, VIAS,
                         {"nccl-direct": "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch"}, backend)
+    launch = get("launch")
+    if launch is None:
+        launch = DEFAULT_LAUNCH[backend]
+    if launch not in LAUNCH_METHODS:
+        raise SpecError(path, "launch", f"{brief(launch)} is not one of {', '.join(LAUNCH_METHODS)} "
+                                        f"(default for backend {backend}: {DEFAULT_LAUNCH[backend]})")
     replay_stream = get("replay_stream")
     if replay_stream not in REPLAY_STREAMS:
         raise SpecError(path, "replay_stream", f"{brief(replay_stream)} is not one of {', '.join(REPLAY_STREAMS)}")
@@ -471,7 +484,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         trials=trials, warmup=warmup, iters=iters, batch=batch, window_us=float(window_us), modes=modes,
         timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
-        reuse_process=bool(get("reuse_process")),
+        reuse_process=bool(get("reuse_process")), launch=launch,
         confirm_configs=confirm_configs, confirm_rounds=confirm_rounds,
         model=model,
     )

@@ -1,4 +1,7 @@
-"""Run a sweep: one fresh torchrun launch per (config, trial), interleaved, into a run folder.
+"""Run a sweep: one fresh launch per (config, trial), interleaved, into a run folder.
+
+A launch's processes are forks of per-rank launch servers (``launch: forkserver``,
+serverpool.py) or a fresh torchrun (``launch: torchrun``); docs/launch-methods.md.
 
 ``run_sweep`` is the library entry point behind ``commdiag sweep``.  It validates
 prerequisites before the first launch, writes run.json after every launch
@@ -32,7 +35,7 @@ from typing import Callable
 from .. import __version__, linewrap, metadata
 from ..analyse import certify, paired, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
-from . import launcher, machinestate, runlock
+from . import launcher, machinestate, runlock, serverpool
 from ..formats import results
 from ..errors import CommdiagError
 from ..formats.spec import Spec, launch_order
@@ -126,6 +129,8 @@ def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict
 def _method(spec: Spec) -> dict:
     """How this run measures, in words: stored in run.json, shown by the report, compared by compare."""
     method = {"combine_ranks": "per iteration, the max over ranks"}
+    how, why = launch_method(spec)
+    method["launch"] = LAUNCH_TEXT[how] + (f" ({why})" if why else "")
     if spec.model:
         from . import tpstep
         method.update(tpstep.method_text(spec))
@@ -168,7 +173,94 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
                      for l in order],
         "fingerprint": {"launcher": metadata.collect_host(), **_nvml_fingerprint(spec)},
         "warnings": list(spec.warnings),
+        "launch": _launch_record(spec),
     }
+
+
+# Environment variables a process reads when it starts or loads a library (the loader, Python,
+# OpenMP, MKL): a forked child has its server's values, so a config setting one needs torchrun.
+START_TIME_PREFIXES = ("LD_", "PYTHON", "OMP_", "GOMP_", "KMP_", "MKL_")
+LAUNCH_TEXT = {
+    "forkserver": "each launch's ranks are fresh processes forked from per-rank launch servers that "
+                  "imported torch and the worker only (no CUDA, NCCL or NVML before the fork); the child "
+                  "sets the launch's variables, then initialises CUDA, NCCL and the process group",
+    "torchrun": "each launch is a fresh torchrun (agent and workers each import torch)",
+}
+
+
+def launch_method(spec: Spec) -> tuple[str, str | None]:
+    """The method this run's launches use, and why it is not the spec's ``launch`` (None: it is)."""
+    if spec.launch == "torchrun":
+        return "torchrun", None
+    if spec.nnodes > 1:
+        return "torchrun", "launch: forkserver is single-node only; nnodes > 1 runs a fresh torchrun per launch"
+    start = sorted({k for c in spec.configs for k in c.env if k.startswith(START_TIME_PREFIXES)})
+    if start:
+        return "torchrun", (f"launch: forkserver cannot apply {', '.join(start)} (read when a process starts, "
+                            "before any fork); a fresh torchrun per launch instead")
+    return "forkserver", None
+
+
+def _launch_record(spec: Spec) -> dict:
+    how, why = launch_method(spec)
+    return {"requested": spec.launch, "method": how, **({"note": why} if why else {})}
+
+
+class Starter:
+    """Starts each launch's processes by the run's method; owns the run's launch servers.
+
+    Fail closed: when a server refuses a fork (it is no longer clean), the servers are closed, the
+    launch runs under torchrun instead, and so does every later launch of this run; run.json's
+    ``launch`` block and warnings say so."""
+
+    def __init__(self, spec: Spec, run: dict, run_dir: Path, base_env: dict, on_plan=None):
+        self.spec, self.run, self.run_dir, self.base_env, self.on_plan = spec, run, run_dir, base_env, on_plan
+        self.method, _ = launch_method(spec)
+        if run.get("launch", {}).get("fallback"):  # refused earlier in this run: stays off
+            self.method = "torchrun"
+        self.pool: serverpool.ServerPool | None = None
+
+    def launch(self, folder: Path, plan: dict, *, index: int, config_env: dict, extra_env: dict,
+               deadline_s: float, rdzv_id: str, mark: Callable[[str], None]) -> tuple[launcher.LaunchOutcome, str, str]:
+        """Run one launch; ``mark(marker)`` records its processes' marker before any starts.
+        Returns (outcome, marker, method)."""
+        from ..atomic import write_json
+
+        if self.method == "forkserver":
+            if self.pool is None:
+                self.pool = serverpool.ServerPool(self.run["nproc_per_node"], self.base_env,
+                                                  self.run_dir / "launch-servers.log")
+            marker = self.pool.marker
+            mark(marker)
+            write_json(folder / "plan.json", plan)
+            try:
+                return (self.pool.launch(index, config_env, extra_env, folder / "plan.json", deadline_s),
+                        marker, "forkserver")
+            except serverpool.ServerRefused as e:
+                self._fall_back(str(e))
+        marker = launcher.new_marker()
+        mark(marker)
+        outcome, marker = launcher.launch_worker(
+            folder, plan, base_env=self.base_env, config_env=config_env, extra_env=extra_env,
+            nproc=self.run["nproc_per_node"], nnodes=self.spec.nnodes, rdzv_endpoint=self.spec.rdzv_endpoint,
+            rdzv_id=rdzv_id, deadline_s=deadline_s, marker=marker)
+        return outcome, marker, "torchrun"
+
+    def _fall_back(self, why: str) -> None:
+        self.close()
+        self.method = "torchrun"
+        record = self.run.setdefault("launch", _launch_record(self.spec))
+        record.update(method="torchrun", fallback=why)
+        warning = (f"launch servers refused to fork ({why}): a child would not have been a fresh process; "
+                   "this and every later launch of the run use a fresh torchrun")
+        self.run.setdefault("warnings", []).append(warning)
+        if self.on_plan:
+            self.on_plan(StagePlan("warning", 0, None, _fit([f"commdiag: warning: {warning}"])))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
 
 def _nvml_fingerprint(spec: Spec) -> dict:
@@ -341,21 +433,24 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
         # `kill -INT` would do nothing: the sweep's interrupt-and-resume needs the default handler.
         signal.signal(signal.SIGINT, signal.default_int_handler)
     configs = {c["name"]: c for c in run["configs"]}
+    run.setdefault("launch", _launch_record(spec))  # a run stored before launch methods: torchrun
     if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
         on_plan(_start_banner(spec, run, run_dir))
     own_sampler = sampler is None
     sampler = sampler or machinestate.open_sampler(spec.backend)
+    starter = Starter(spec, run, run_dir, base_env, on_plan)
     try:
         run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
-        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler)
+        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler, starter)
         if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
             plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
             results.save_run(run_dir, run)
             if on_plan:
                 on_plan(plan)
-            interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler)
+            interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler, starter)
         run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
     finally:
+        starter.close()
         if own_sampler:
             sampler.close()
     run["state"] = "interrupted" if interrupted else "complete"
@@ -380,6 +475,10 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
             + (f", about {len(pending) * per / 60:.1f} min at this run's {per:.0f} s a launch" if per
                else "; the ETA follows from this machine's own launches, from the first one on") + then)
     lines = [line]
+    how = run.get("launch", {})
+    if how.get("method"):
+        lines.append(f"  launch: {how['method']}" + (f" ({how['note']})" if how.get("note") else "")
+                     + (f"; fell back earlier in this run: {how['fallback']}" if how.get("fallback") else ""))
     if spec.confirm_rounds and then:
         _, most, _ = _spec_families(spec)
         thr = (stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA) / max(most, 1)
@@ -391,14 +490,14 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
-                 sampler: machinestate.Sampler) -> bool:
+                 sampler: machinestate.Sampler, starter: Starter) -> bool:
     """Run every pending launch in order; True when interrupted (the launch in flight is pending again)."""
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
     done_walls: list[float] = []
     done = 0
     for batch in process_batches(pending, configs, spec.reuse_process):
         try:
-            outcome = _one_process(spec, run, run_dir, batch, configs, base_env, sampler)
+            outcome = _one_process(spec, run, run_dir, batch, configs, base_env, sampler, starter)
         except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
             outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
         if outcome.interrupted:
@@ -607,8 +706,8 @@ def process_batches(launches: list[dict], configs: dict[str, dict], reuse: bool)
 
 
 def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], configs: dict[str, dict],
-                 base_env: dict, sampler: machinestate.Sampler) -> launcher.LaunchOutcome:
-    """One torchrun process for ``batch`` (one launch, or several with reuse_process); record each,
+                 base_env: dict, sampler: machinestate.Sampler, starter: "Starter") -> launcher.LaunchOutcome:
+    """One launch's processes for ``batch`` (one launch, or several with reuse_process); record each,
     with the machine's state around it (the same for every launch of a shared process)."""
     folders = []
     for launch in batch:
@@ -648,23 +747,26 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
     started = _utc()
     # The marker (COMMDIAG_LAUNCH_ID of this launch's processes) is in run.json before anything starts,
     # so a resume after kill -9 can find and end what this launch left running (runlock.reap_orphans).
-    marker = launcher.new_marker()
-    for launch in batch:
-        launch["marker"] = marker
-    results.save_run(run_dir, run)
-    with sampler.watch(lambda pid: launcher.carries_marker(pid, marker)) as watch:
-        outcome, marker = launcher.launch_worker(
-            folder, plan, base_env=base_env, config_env=process_env, extra_env=debug_env,
-            nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
-            rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", deadline_s=spec.timeout_s * len(batch),
-            marker=marker)
+    current = {"marker": starter.pool.marker if starter.pool else ""}
+
+    def mark(marker: str) -> None:
+        current["marker"] = marker
+        for launch in batch:
+            launch["marker"] = marker
+        results.save_run(run_dir, run)
+
+    with sampler.watch(lambda pid: bool(current["marker"]) and launcher.carries_marker(pid, current["marker"])) as watch:
+        outcome, marker, method = starter.launch(
+            folder, plan, index=first["index"], config_env=process_env, extra_env=debug_env,
+            deadline_s=spec.timeout_s * len(batch),
+            rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", mark=mark)
     if outcome.interrupted:
         return outcome
     machine = watch.record()
     found = [results.read_launch_result(run_dir, l["index"]) for l in batch]
     measured = sum(max(r.get("measure_s", 0.0) for r in res["ranks"]) for res in found if res)
     for n, (launch, result) in enumerate(zip(batch, found)):
-        launch["started_utc"], launch["marker"] = started, marker
+        launch["started_utc"], launch["marker"], launch["launched_by"] = started, marker, method
         _record(spec, run, launch, outcome, result, folder, shared=reuse)
         launch["machine"] = machine
         if reuse:
@@ -786,7 +888,8 @@ def _tail(folder: Path, max_ranks: int = 4) -> str:
         parts.append(f"--- {err.name} ---\n{_clip(err.read_text(errors='replace'), 0, TAIL_CHARS // 2)}")
     if len(errors) > max_ranks:
         parts.append(f"--- and {len(errors) - max_ranks} more rank*.error.txt in {folder} ---")
-    log = folder / "torchrun.log"
-    if log.exists():
-        parts.append(f"--- torchrun.log ---\n{_clip(log.read_text(errors='replace'), TAIL_CHARS // 2, TAIL_CHARS)}")
+    for name in ("torchrun.log", serverpool.LOG_NAME):  # a launch's log under either method
+        log = folder / name
+        if log.exists() and log.stat().st_size:
+            parts.append(f"--- {name} ---\n{_clip(log.read_text(errors='replace'), TAIL_CHARS // 2, TAIL_CHARS)}")
     return "\n".join(parts)

@@ -45,7 +45,9 @@ Test-only switch, honoured only when set: ``COMMDIAG_TEST_FAULT`` = ``hang``
 (rank 0 sleeps before timing), ``crash`` (rank 0 exits 3 mid-launch),
 ``wrong`` (rank 0 corrupts one element, so the check counts it), or
 ``hang-teardown`` (all results written, then rank 0 never exits).  The tests
-set it as an ordinary config variable.
+set it as an ordinary config variable.  Nothing on this module's import path reads the
+environment at import time: a launch server imports it once for many launches
+(docs/launch-methods.md).
 """
 
 from __future__ import annotations
@@ -64,22 +66,29 @@ from .. import metadata
 from ..nccl import ncclog, tunerlog
 from ..atomic import write_json
 
-FAULT = os.environ.get("COMMDIAG_TEST_FAULT", "")
+FAULT_VAR = "COMMDIAG_TEST_FAULT"
 LAUNCH_FORMAT_VERSION = 2
 EXPLAIN_CALLS = 3  # all-reduces per size in an explain launch: NCCL logs its choice for each call
 MAX_BATCH = 1000  # calls per sample with batch: auto (1000 x 7 us = 7 ms: plenty of window)
 PROBE_BATCH = 10  # all-reduces in the graph that estimates one call's device time
 
 
+def _test_fault() -> str:
+    """The test-only fault, read at each call: a launch server imports this module once for many
+    launches, so a value read at import would be the server's, not the launch's."""
+    return os.environ.get(FAULT_VAR, "")
+
+
 def _fault(point: str, rank: int) -> None:
-    if rank != 0 or not FAULT:
+    fault = _test_fault()
+    if rank != 0 or not fault:
         return
-    if FAULT == "hang" and point == "before-timing":
+    if fault == "hang" and point == "before-timing":
         time.sleep(10**6)
-    if FAULT == "crash" and point == "before-timing":
+    if fault == "crash" and point == "before-timing":
         print("commdiag test fault: crashing rank 0 on purpose", file=sys.stderr, flush=True)
         os._exit(3)
-    if FAULT == "hang-teardown" and point == "teardown":
+    if fault == "hang-teardown" and point == "teardown":
         time.sleep(10**6)
 
 
@@ -280,7 +289,7 @@ def _check(torch, path, numel, dtype, device, rank, world, plan) -> int:
             path.op(buf)()
             if plan["backend"] == "nccl":
                 torch.cuda.synchronize()
-        if FAULT == "wrong" and rank == 0:
+        if rank == 0 and _test_fault() == "wrong":
             buf[0] += 1
         wrong += int((buf != expected[idx]).sum().item())
     return wrong

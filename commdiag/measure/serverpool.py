@@ -1,0 +1,318 @@
+"""The launch servers of one run (``launch: forkserver``): one per local rank, driven over pipes.
+
+The sweep starts the pool at its first launch and keeps it for the run.  Per launch it sends every
+rank's server the launch's environment (the user's, the config's, NCCL's debug settings, the rank
+variables torchrun would set, a fresh MASTER_PORT: rank 0's child hosts the TCPStore as ``env://``
+does), waits for every child's exit or the deadline, and returns a launcher.LaunchOutcome, as a
+torchrun launch does.  torchrun's semantics are kept: when one rank's child exits non-zero the
+others are ended; past the deadline every child's process group gets SIGTERM, a grace period,
+then SIGKILL.  A server that dies or stops answering is killed and the pool starts afresh at the
+next launch.
+
+Why no torchrun here: its agent is one more ``import torch`` per launch, and it would need a socket
+or file to reach the servers; pipes need no file anyone can swap, and EOF on a server's stdin tells
+it that its commdiag is gone (kill -9 included): it then kills its children and exits.
+
+Markers: a forked child's /proc/PID/environ is its server's start environment, so every process of
+the pool carries the pool's ``COMMDIAG_LAUNCH_ID`` (``marker``).  The sweep records it as each
+launch's marker before the launch, so runlock.reap_orphans finds servers and children after a kill
+-9, and the machine-state sampler counts them as this run's.  Every pid is checked to still carry
+the marker before it is signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from ..childpython import module_argv
+from . import launcher
+
+START_TIMEOUT_S = 300.0  # a server's imports (torch: 3 s on H200; minutes on a loaded small box)
+ANSWER_TIMEOUT_S = 30.0  # for "started"/"refused" after a launch command
+LOG_NAME = "launch.log"  # every rank's child output, appended (a torchrun launch writes torchrun.log)
+
+
+class ServerRefused(Exception):
+    """A server found itself no longer clean (CUDA initialised, a thread): nothing was forked."""
+
+
+class PoolBroken(Exception):
+    """A server could not be started or did not answer as it must."""
+
+    def __init__(self, why: str, timed_out: bool = False):
+        super().__init__(why)
+        self.timed_out = timed_out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(base: dict[str, str], rank: int, nproc: int, port: int) -> dict[str, str]:
+    """The variables torchrun's agent gives a single-node worker (local_elastic_agent), no agent's own."""
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+           "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
+           "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port),
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")}
+    return env
+
+
+def process_defaults(env: dict[str, str], nproc: int) -> dict[str, str]:
+    """What torchrun sets for the whole process before any import: OMP_NUM_THREADS=1 with more
+    than one rank per node, unless ``env`` sets it (OpenMP reads it when the library loads, so a
+    server needs it in its own start environment)."""
+    return {} if "OMP_NUM_THREADS" in env or nproc <= 1 else {"OMP_NUM_THREADS": "1"}
+
+
+class _Server:
+    def __init__(self, rank: int, proc: subprocess.Popen):
+        self.rank, self.proc = rank, proc
+        self.buf = b""
+        self.child: int | None = None
+        self.exit: int | None = None
+
+    def fileno(self) -> int:
+        return self.proc.stdout.fileno()
+
+
+class ServerPool:
+    """``nproc`` launch servers sharing one marker; started lazily, restarted after a failure."""
+
+    def __init__(self, nproc: int, base_env: dict[str, str], stderr_path: Path | None = None):
+        self.nproc, self.base_env = nproc, dict(base_env)
+        self.stderr_path = stderr_path
+        self.marker = launcher.new_marker()  # the one the next started servers will carry
+        self.servers: list[_Server] = []
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return bool(self.servers)
+
+    def server_pids(self) -> set[int]:
+        return {s.proc.pid for s in self.servers}
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        env = launcher.launch_env(self.base_env, process_defaults(self.base_env, self.nproc),
+                                  {launcher.MARKER: self.marker})
+        argv = module_argv("commdiag.measure.forkserver")
+        err = open(self.stderr_path, "ab") if self.stderr_path else subprocess.DEVNULL
+        try:
+            for rank in range(self.nproc):
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=err, start_new_session=True)
+                self.servers.append(_Server(rank, proc))
+        finally:
+            if err is not subprocess.DEVNULL:
+                err.close()
+        deadline = time.monotonic() + timeout_s
+        for s in self.servers:
+            msg = self._read(s, deadline)
+            if msg is None or "ready" not in msg:
+                late = time.monotonic() >= deadline
+                self.close()
+                raise PoolBroken(f"launch server of rank {s.rank} did not start"
+                                 + (f" within {timeout_s:g} s" if late else "")
+                                 + (f" (see {self.stderr_path})" if self.stderr_path else ""), timed_out=late)
+
+    def close(self) -> int:
+        """End every server (EOF first: it kills its children), then anything left with the marker;
+        returns how many such leftovers were killed."""
+        for s in self.servers:
+            try:
+                s.proc.stdin.close()
+            except OSError:
+                pass
+        end = time.monotonic() + launcher.KILL_GRACE_S
+        for s in self.servers:
+            try:
+                s.proc.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(s.proc.pid, self.marker, signal.SIGKILL)
+                try:
+                    s.proc.wait(timeout=launcher.KILL_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            if s.proc.stdout:
+                s.proc.stdout.close()
+        killed = 0
+        if self.servers:
+            killed = launcher.kill_marked(self.marker)  # children of a server that was killed
+            self.marker = launcher.new_marker()
+        self.servers = []
+        return killed
+
+    # -- one launch ------------------------------------------------------------------------------
+
+    def launch(self, index: int, config_env: dict[str, str], extra_env: dict[str, str], plan_path: Path,
+               deadline_s: float) -> launcher.LaunchOutcome:
+        """Run one launch on the servers (starting them first if needed).  Raises ServerRefused
+        (nothing of the launch left running) when a server is no longer clean."""
+        t0 = time.monotonic()
+        log = plan_path.parent / LOG_NAME
+        log.touch()
+        try:
+            if not self.running:  # the launch's deadline covers the servers' start, as torchrun's does
+                self.start(min(START_TIMEOUT_S, deadline_s))
+            return self._launch(index, config_env, extra_env, plan_path, log, t0, deadline_s)
+        except KeyboardInterrupt:
+            self._end_children()
+            self.close()
+            return launcher.LaunchOutcome(None, False, time.monotonic() - t0, 0, interrupted=True)
+        except PoolBroken as e:
+            with open(log, "a") as f:
+                f.write(f"commdiag: {e}\n")
+            return launcher.LaunchOutcome(None, e.timed_out, time.monotonic() - t0, 0)
+
+    def _launch(self, index, config_env, extra_env, plan_path, log, t0, deadline_s) -> launcher.LaunchOutcome:
+        port = free_port()
+        base = launcher.launch_env(self.base_env, config_env, {**extra_env, launcher.MARKER: self.marker})
+        base.update(process_defaults(base, self.nproc))
+        plan_path, log = plan_path.resolve(), log.resolve()
+        for s in self.servers:
+            s.child = s.exit = None
+            cmd = {"launch": index, "env": {**base, **rank_env(base, s.rank, self.nproc, port)},
+                   "plan": str(plan_path), "log": str(log)}
+            try:
+                s.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+                s.proc.stdin.flush()
+            except OSError:
+                killed = self._broken(log, f"launch server of rank {s.rank} is gone")
+                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, killed)
+        answer_by = time.monotonic() + ANSWER_TIMEOUT_S
+        refused = []
+        for s in self.servers:
+            msg = self._read(s, answer_by)
+            if msg is None:
+                killed = self._broken(log, f"launch server of rank {s.rank} did not answer")
+                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, killed)
+            if "refused" in msg:
+                refused.append(f"rank {s.rank}: {msg['refused']}")
+            elif isinstance(msg.get("started"), int):
+                s.child = msg["started"]
+            else:
+                killed = self._broken(log, f"launch server of rank {s.rank} answered {str(msg)[:200]!r}")
+                return launcher.LaunchOutcome(None, False, time.monotonic() - t0, killed)
+        if refused:
+            self._end_children()
+            self.close()
+            raise ServerRefused("; ".join(refused))
+        return self._supervise(log, t0, deadline_s)
+
+    def _supervise(self, log: Path, t0: float, deadline_s: float) -> launcher.LaunchOutcome:
+        deadline = t0 + deadline_s
+        timed_out = False
+        failed: int | None = None
+        while any(s.exit is None for s in self.servers):
+            for s in self.servers:  # messages already read with an earlier one: select won't see them
+                while s.exit is None and b"\n" in s.buf:
+                    failed = self._on_message(s, self._read(s, 0.0), failed)
+            if all(s.exit is not None for s in self.servers):
+                break
+            left = deadline - time.monotonic()
+            if left <= 0 and not timed_out:
+                timed_out = True
+                self._end_children()
+                deadline = time.monotonic() + 2 * launcher.KILL_GRACE_S + ANSWER_TIMEOUT_S
+                continue
+            if left <= 0:  # past the grace period too: a server that does not report is broken
+                killed = self._broken(log, "a launch server did not report its child's exit")
+                return launcher.LaunchOutcome(None, timed_out, time.monotonic() - t0, killed)
+            waiting = [s for s in self.servers if s.exit is None]
+            ready, _, _ = select.select(waiting, [], [], min(left, 1.0))
+            for s in ready:
+                msg = self._read(s, time.monotonic() + ANSWER_TIMEOUT_S)
+                if msg is None:
+                    killed = self._broken(log, f"launch server of rank {s.rank} died")
+                    return launcher.LaunchOutcome(None, timed_out, time.monotonic() - t0, killed)
+                failed = self._on_message(s, msg, failed)
+        killed = self._killed()
+        code = None if timed_out else (failed if failed is not None else 0)
+        return launcher.LaunchOutcome(code, timed_out, time.monotonic() - t0, killed)
+
+    def _on_message(self, s: _Server, msg: dict | None, failed: int | None) -> int | None:
+        if msg and "exit" in msg:
+            s.exit = int(msg["exit"])
+            if s.exit != 0 and failed is None:
+                failed = s.exit
+                # torchrun's rule: one rank failed, the launch is over for every rank
+                self._end_children()
+        return failed
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _read(self, s: _Server, deadline: float) -> dict | None:
+        """The server's next message; None at EOF, on garbage, or past ``deadline``."""
+        while b"\n" not in s.buf:
+            left = deadline - time.monotonic()
+            if left < 0:
+                return None
+            ready, _, _ = select.select([s], [], [], left)
+            if not ready:
+                return None
+            data = os.read(s.fileno(), 65536)
+            if not data:
+                return None
+            s.buf += data
+        line, s.buf = s.buf.split(b"\n", 1)
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return None
+        return msg if isinstance(msg, dict) else None
+
+    def _end_children(self) -> None:
+        """SIGTERM to every running child's process group, a grace period, SIGKILL (torchrun's way)."""
+        live = [s.child for s in self.servers if s.child is not None and s.exit is None]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            live = [p for p in live if _signal(p, self.marker, sig, group=True)]
+            end = time.monotonic() + launcher.KILL_GRACE_S
+            while live and time.monotonic() < end:
+                time.sleep(0.05)
+                live = [p for p in live if launcher.carries_marker(p, self.marker)]
+            if not live:
+                return
+
+    def _killed(self) -> int:
+        """Kill whatever carries the marker but is no server (a child that left its group)."""
+        servers = self.server_pids()
+        count = 0
+        for pid in launcher.marked_pids(self.marker):
+            if pid not in servers and _signal(pid, self.marker, signal.SIGKILL):
+                count += 1
+        return count
+
+    def _broken(self, log: Path, why: str) -> int:
+        """Say why in the launch's log, end its children and the servers; returns close()'s count."""
+        with open(log, "a") as f:
+            f.write(f"commdiag: {why}; the launch servers are restarted for the next launch\n")
+        self._end_children()
+        return self.close()
+
+
+def _signal(pid: int, marker: str, sig: int, group: bool = False) -> bool:
+    """Signal ``pid`` (its process group with ``group``) if it still carries ``marker``; True if sent."""
+    if not launcher.carries_marker(pid, marker):
+        return False
+    try:
+        if group:
+            try:
+                os.killpg(pid, sig)
+                return True
+            except ProcessLookupError:  # forked a moment ago: not yet the leader of its own group
+                pass
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
