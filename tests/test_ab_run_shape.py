@@ -73,3 +73,24 @@ def test_a_config_name_with_control_characters_is_refused(tmp_path):
     proc = run_cli("report", run_dir)
     assert proc.returncode == 2 and "configs[1].name:" in words(proc.stderr) and "control characters" in proc.stderr
     assert "\x1b" not in proc.stdout + proc.stderr and not (run_dir / "report.html").exists()
+
+
+def test_control_characters_in_a_failed_launchs_output_are_shown_not_written_raw(tmp_path):
+    """A benchmark's stderr tail and error (and the spec's description) may hold terminal control
+    sequences: report.html shows them as text (\\x1b), so cat report.html on a terminal obeys none."""
+    run_dir = ab_run(tmp_path / "run")
+    run = json.loads((run_dir / "run.json").read_text())
+    evil = "\x1b]0;owned\x07\x1b[2J\x9b31m\u2028<b>x</b>"
+    first = run["launches"][0]
+    first.update(status="failed", error="toks: " + evil, tail="--- stderr.txt ---\n 50%\r100%\r\n" + evil)
+    first.pop("values")
+    run["spec"]["description"] = evil
+    (run_dir / "run.json").write_text(json.dumps(run))
+    proc = run_cli("report", run_dir)
+    assert proc.returncode == 0, proc.stderr
+    page = (run_dir / "report.html").read_text()
+    body = page.split("</script></head>", 1)[1]  # plotly.js itself is not ours to judge
+    for raw in ("\x1b", "\x07", "\x9b", "\u2028"):
+        assert raw not in body, repr(raw)
+    assert "\\x1b]0;owned\\x07" in body and "&lt;b&gt;x&lt;/b&gt;" in body
+    assert " 50%\n100%\n" in body and "\r" not in body  # a progress bar's states, one a line
