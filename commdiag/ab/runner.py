@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, metadata
+from .. import __version__, metadata, readfile
 from ..atomic import write_json
 from ..errors import CommdiagError, brief
 from ..formats.spec import launch_order
@@ -81,7 +81,7 @@ def load(run_dir: str | Path) -> dict:
 
     path = Path(run_dir) / "run.json"
     try:
-        run = json.loads(path.read_text())
+        run = json.loads(readfile.read_text(path))
     except FileNotFoundError:
         raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag ab run folder?") from None
     except (OSError, ValueError, RecursionError) as e:
