@@ -38,6 +38,7 @@ def test_sixteen_ranks_on_two_nodes_have_distinct_column_labels():
     row7 = lines[1 + 7].split()  # r7/GPU7 sends to r8/GPU0 across the nodes
     assert row7[0] == "r7/GPU7" and row7[1 + 8] == "N"
     assert head[1 + 8] == "8"  # the column of rank 8 says 8, as its row r8/GPU0 does
+    assert "  columns are labelled by rank: 8 is the column of r8/GPU0" in lines
 
 
 def test_a_single_node_matrix_of_one_letter_cells_labels_columns_by_the_whole_gpu_index():

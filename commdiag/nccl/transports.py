@@ -366,7 +366,7 @@ def render_matrix(data: dict, indent: str = "  ") -> list[str]:
     cw = max(5, max([len(p["cell"]) for p in data["pairs"]] + [len(name(g)) for g in gpus]) + 1)
     cw = min(cw, 11)
     letters = len(indent) + first + cw * len(gpus) > WIDTH
-    cols = [name(g) for g in gpus]
+    cols, placed = [name(g) for g in gpus], False
     if letters:
         cols, placed = _column_labels(gpus)
         if placed:  # the rows say the place their column is labelled with
@@ -385,6 +385,10 @@ def render_matrix(data: dict, indent: str = "  ") -> list[str]:
             row.append(f"{text[:cw - 1]:>{cw}}")
         lines.append(f"{indent}{name(a):<{first}}" + "".join(row))
     lines += _legend(data["pairs"], indent, letters)
+    if placed:
+        lines.insert(len(gpus) + 3, f"{indent}columns are numbered by place: the number before each row's name")
+    elif letters and any(_RANK_END.match(g) for g in gpus):
+        lines.insert(len(gpus) + 3, f"{indent}columns are labelled by rank: 8 is the column of r8/GPU0")
     return [l[:WIDTH] if len(l) > WIDTH else l for l in lines]
 
 
