@@ -14,8 +14,8 @@ Its parts, one subpackage each:
     nccl/         NCCL's vocabulary: ncclvars (its variables), ncclog (its log)
     tuner/        commdiag's NCCL tuner plugin (C), its build and its rules format
     p2p/          commdiag p2p: every GPU pair measured in supervised probe processes, checked, rendered
-and at the top: cli, errors, atomic (the one output writer), metadata (fingerprints),
-linewrap (every printed line fits 100 columns).
+and at the top: cli, errors, atomic (the one output writer), readfile (run folders read, never
+waited on), metadata (fingerprints), linewrap (every printed line fits 100 columns).
 """
 
 import os as _os

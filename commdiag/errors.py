@@ -56,6 +56,12 @@ def brief(value) -> str:
 _TERMINAL_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+def text_lines(text: str) -> str:
+    """``text`` with carriage returns as line breaks: a progress bar's redrawn states (``\\r``) read as
+    the lines a terminal showed one after another, where a page cannot redraw (report.html)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def terminal_safe(text: str) -> str:
     """``text`` with every control character except newline and tab shown as ``\\xNN``:
     what a config name or a hostile interpreter's stderr may put on a terminal (OSC titles,

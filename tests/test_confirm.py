@@ -113,8 +113,8 @@ def test_certify_sizes_prints_its_cost_and_raises_trials(tmp_path):
     raised, plan = sweep._certify_sizes_plan(spec)
     m, k = certify.size_claims_needed(26, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
     # 26 configs besides default, 15 sizes; paired by trial, two-sided: 2/2^18 <= 0.005/390 < 2/2^17
-    assert m == 390 and k == 18 and raised.trials == k
-    assert plan.launches == 27 * k and f"paired by trial: {k} trials" in " ".join(plan.lines)
+    assert m == 390 and k == 18 and raised.trials == k + certify.SIZES_SPARE_TRIALS == 20
+    assert plan.launches == 27 * 20 and "paired by trial: 20 trials" in " ".join(plan.lines)
     assert "min" in plan.lines[0]
 
 

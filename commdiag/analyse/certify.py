@@ -58,6 +58,11 @@ PAIRED = "paired signed-rank"  # Certification.test
 SANE_LAUNCHES = 30  # beyond this many launches per arm, say plainly that it cannot be certified at a sane cost
 FASTER, SLOWER, NOT_CERTIFIED = "faster", "slower", "not certified"
 SIZES_REASON = "certify-sizes"  # Claim.reason of --certify-sizes' per-size claims (stage 1, paired by trial)
+# Trials --certify-sizes plans beyond the paired test's floor.  Stage 1 is never extended, and at the
+# floor only every trial complete and of one sign reaches the threshold: one failed default launch
+# would leave every per-size claim of the run unreachable.  Two spare trials take a lost trial and a
+# small one of the other sign (or two lost), and the power grows with them.
+SIZES_SPARE_TRIALS = 2
 WIDTH = 100  # every printed line fits this
 
 

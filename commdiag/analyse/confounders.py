@@ -124,7 +124,7 @@ def _list(v) -> list:
 def used_gpus(launch: dict, run: dict) -> set[int] | None:
     """NVML indices of the GPUs the launch's ranks on the launching node used (their bus ids), else
     those NVML listed the launch's own processes on (``own_gpus``: ab, whose benchmark reports no
-    ranks); None when unknown."""
+    ranks), else those it listed any launch of the run's own processes on; None when unknown."""
     machine = _dict(launch.get("machine"))
     host = _dict(_dict(run.get("fingerprint")).get("launcher")).get("hostname")
     buses = {_norm_bus(r.get("pci_bus_id")) for r in _list(launch.get("ranks")) if isinstance(r, dict)
@@ -133,8 +133,18 @@ def used_gpus(launch: dict, run: dict) -> set[int] | None:
     found = {g.get("index") for g in _list(machine.get("gpus")) if isinstance(g, dict)
              and _norm_bus(g.get("pci_bus_id")) in buses}
     if not found:
-        found = {i for i in _list(machine.get("own_gpus")) if isinstance(i, int) and not isinstance(i, bool)}
+        found = _own_gpus(launch)
+    if not found:
+        # NVML listed none of this launch's processes (a short benchmark between two readings): it ran
+        # where the run's other launches were seen, not on every GPU of the box (a stranger on another
+        # GPU would otherwise mark only the launches NVML happened to miss)
+        found = set().union(*(_own_gpus(l) for l in _list(run.get("launches")) if isinstance(l, dict)))
     return found or None
+
+
+def _own_gpus(launch: dict) -> set[int]:
+    return {i for i in _list(_dict(launch.get("machine")).get("own_gpus")) if isinstance(i, int)
+            and not isinstance(i, bool)}
 
 
 def _gpus(launch: dict, run: dict) -> list[dict]:

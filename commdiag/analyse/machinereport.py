@@ -12,6 +12,7 @@ import html
 import textwrap
 
 from . import confounders as conf_mod
+from ..errors import terminal_safe, text_lines as _lines
 
 WIDTH = 100
 CONSOLE_NOTES = 8  # run notes printed before "and N more (report.html)"
@@ -94,7 +95,7 @@ def profile_note(verdicts, band: str | None) -> str | None:
 
 
 def _esc(v) -> str:
-    return html.escape("" if v is None else str(v), quote=True)
+    return html.escape(terminal_safe(_lines("" if v is None else str(v))), quote=True)
 
 
 def _span(v) -> str:

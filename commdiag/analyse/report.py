@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__, linewrap
+from ..errors import terminal_safe, text_lines as _lines
 from . import celltime, machinereport, stats, verdict
 from ..measure import collectives
 from ..formats import results
@@ -56,13 +57,15 @@ FAILED_STATUSES = (results.FAILED, results.TIMEOUT, results.INCORRECT)
 
 
 def esc(value) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """HTML text: < > & and quotes escaped, and control characters shown as ``\\xNN`` (a benchmark's
+    stderr in a failed launch's tail: ``cat report.html`` on a terminal obeys none of them)."""
+    return html.escape(terminal_safe(_lines("" if value is None else str(value))), quote=True)
 
 
 def plot_text(value) -> str:
     """A plot label: plotly.js renders a subset of HTML in names and hover text, so < > & are escaped;
     quotes are not (plotly shows &quot; literally, and there is no attribute for a quote to end)."""
-    return html.escape("" if value is None else str(value), quote=False)
+    return html.escape(terminal_safe(_lines("" if value is None else str(value))), quote=False)
 
 
 def fmt_bytes(n: int) -> str:

@@ -156,22 +156,27 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
         return notes
     names = ", ".join(twins)
     loose = [c for c in twins if envs[c] != envs.get(stats.DEFAULT, {})]  # identical only because gloo ignores NCCL_*
+    # --certify-sizes judges every config x size on stage 1, twins too: a twin certified there is a failed
+    # A/A check whatever stage 2 says (or whether it ran at all)
+    false = [c for c in v.certifications + v.size_certifications if c.certified and c.claim.config in twins]
+    if false:
+        notes.append(f"A/A check: FAIL: {false[0].claim.config} was certified {false[0].result} than default in "
+                     f"{false[0].claim.where} though identical: do not trust a sweep on this machine until it passes")
+        return notes
+    sized = sorted({c.claim.config for c in v.size_certifications if c.claim.config in twins and c.reachable})
     decided = {c.claim.config for c in v.certifications if c.claim.config in twins and c.reachable}
     if v.status in (SCREENING_ONLY, PENDING, NOT_CERTIFIABLE) or (
             any(c.claim.config in twins for c in v.certifications) and not decided):
         same = "identical to default" + (" under gloo, which never loads NCCL" if loose else "")
-        notes.append(f"A/A check ({names} {same}): not decided yet ({v.status})")
+        notes.append(f"A/A check ({names} {same}): " + ("not certified at any size (--certify-sizes); stage 2 "
+                                                        if sized else "") + f"not decided yet ({v.status})")
         return notes
-    false = [c for c in v.certifications if c.certified and c.claim.config in twins]
-    if false:
-        notes.append(f"A/A check: FAIL: {false[0].claim.config} was certified {false[0].result} than default in "
-                     f"{false[0].claim.where} though identical: do not trust a sweep on this machine until it passes")
-    else:
-        tested = sorted({c.claim.config for c in v.certifications if c.claim.config in twins})
-        same = (", identical to default under gloo (gloo never loads NCCL):" if loose
-                else " (identical to default)")
-        notes.append(f"A/A check: PASS: {names}{same} "
-                     + ("tested in stage 2 and not certified" if tested else "not even a screening candidate"))
+    tested = sorted({c.claim.config for c in v.certifications if c.claim.config in twins})
+    same = (", identical to default under gloo (gloo never loads NCCL):" if loose
+            else " (identical to default)")
+    where = ("tested in stage 2 and not certified" if tested else "not even a screening candidate")
+    notes.append(f"A/A check: PASS: {names}{same} " + where
+                 + (", and not certified at any size (--certify-sizes)" if sized else ""))
     return notes
 
 

@@ -66,6 +66,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import readfile
 from ..measure import collectives
 from ..atomic import write_json, write_text
 from ..errors import CommdiagError, brief
@@ -95,7 +96,7 @@ def save_run(run_dir: Path, run: dict) -> None:
 def load_run_json(run_dir: str | Path) -> dict:
     path = Path(run_dir) / "run.json"
     try:
-        run = json.loads(path.read_text())
+        run = json.loads(readfile.read_text(path))
     except FileNotFoundError:
         raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag run folder?") from None
     except (OSError, ValueError) as e:
@@ -167,7 +168,7 @@ def _check_shape(run: dict, path: Path) -> None:
 
 def read_launch_result(run_dir: Path, index: int) -> dict | None:
     try:
-        return json.loads((launch_dir(run_dir, index) / "result.json").read_text())
+        return json.loads(readfile.read_text(launch_dir(run_dir, index) / "result.json"))
     except (OSError, ValueError):
         return None
 
@@ -243,7 +244,7 @@ def _read_results(run_dir: Path, run: dict) -> tuple[list[tuple[dict, dict]], li
             continue
         path = launch_dir(run_dir, launch["index"]) / "result.json"
         try:
-            result = json.loads(path.read_text())
+            result = json.loads(readfile.read_text(path))
         except FileNotFoundError:
             continue  # a crashed or timed-out launch writes none; its status says so
         except (OSError, ValueError) as e:

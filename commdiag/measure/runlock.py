@@ -14,6 +14,8 @@ past their deadline; before ``--resume`` reruns that launch over their folder, t
 them by marker in /proc and ends them: SIGTERM, a grace period, SIGKILL, each with a
 deadline.  Only processes of this user are signalled (any, as root).
 
+As root, ``hold`` first refuses a run folder another user can change (``check_folder``).
+
 Writes: ``RUN_DIR/.lock`` (while held).
 """
 
@@ -38,8 +40,10 @@ _MARKER_RE = re.compile(r"[0-9a-f]{32}")  # launcher.new_marker(): uuid4().hex
 
 @contextlib.contextmanager
 def hold(run_dir: str | Path):
-    """Hold RUN_DIR's lock for the ``with`` block, or raise CommdiagError naming the holder."""
+    """Hold RUN_DIR's lock for the ``with`` block, or raise CommdiagError naming the holder (or, as
+    root, the part of the folder's path another user can change: ``check_folder``)."""
     run_dir = Path(run_dir)
+    check_folder(run_dir)
     path = run_dir / LOCK_NAME
     for _ in range(10):  # the holder may remove the file between our open and our flock: retry
         try:
@@ -74,6 +78,26 @@ def hold(run_dir: str | Path):
         with contextlib.suppress(OSError):
             os.unlink(path)  # still locked: a newcomer either fails on us or makes a fresh file
         os.close(fd)
+
+
+def check_folder(run_dir: Path) -> None:
+    """As root, refuse a run folder another user can change: every launch is written below it
+    (``launches/NNNN/``, a leftover one removed first), so a ``launches`` link planted by the folder's
+    owner, or the folder swapped for a link by whoever can write its parent, would have root remove
+    and write wherever it points.  Every component of RUN_DIR and RUN_DIR/launches, links followed hop
+    by hop, must be root's and not writable by a group or by everyone (a sticky /tmp is fine)."""
+    if os.geteuid() != 0:
+        return  # a user's run folder is theirs to point anywhere they can write themselves
+    from ..environment import trust
+
+    walker = trust._Walker()
+    for p in (run_dir, run_dir / "launches"):
+        walker.path(str(p))
+    if walker.findings:
+        f = walker.findings[0]
+        raise CommdiagError(f"{run_dir}: as root, commdiag writes a run's launches only into a folder no other "
+                            f"user can change, and {f.path} is {f.why}; give a run folder root owns (or run "
+                            "commdiag as that user)")
 
 
 def _read_pid(fd: int) -> int | None:

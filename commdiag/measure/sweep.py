@@ -668,7 +668,8 @@ EST_LAUNCH_S = {"nccl": 15.0, "gloo": 3.0}
 def _certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
     """--certify-sizes: enough trials for a one-stage exact test of every config x size (primary mode),
     paired by trial (certify.certify_sizes)."""
-    m, k = certify.size_claims_needed(len(spec.configs) - 1, len(spec.sizes), stats.ALPHA / 2)
+    m, floor = certify.size_claims_needed(len(spec.configs) - 1, len(spec.sizes), stats.ALPHA / 2)
+    k = floor + certify.SIZES_SPARE_TRIALS
     if spec.trials < k:
         spec = dataclasses.replace(spec, trials=k)
     n = spec.trials * len(spec.configs)
@@ -676,7 +677,8 @@ def _certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
     return spec, StagePlan("certify-sizes", n, est, (
         f"per-size certification: {len(spec.configs) - 1} configs x {len(spec.sizes)} sizes = {m} claims, each must "
         f"reach p <= {stats.ALPHA / 2 / m:.2g} (half the run's 1%; stage 2's band claims get the other half), paired by trial: {spec.trials} trials "
-        f"(launches per config), {n} launches in stage 1 "
+        f"(launches per config; {floor} reach it only if every one is complete and of one sign, so "
+        f"{certify.SIZES_SPARE_TRIALS} spare take a failed launch), {n} launches in stage 1 "
         f"(about {est / 60:.0f} min at ~{EST_LAUNCH_S.get(spec.backend, 15.0):.0f} s a launch)",))
 
 

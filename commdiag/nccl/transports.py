@@ -366,9 +366,14 @@ def render_matrix(data: dict, indent: str = "  ") -> list[str]:
     cw = max(5, max([len(p["cell"]) for p in data["pairs"]] + [len(name(g)) for g in gpus]) + 1)
     cw = min(cw, 11)
     letters = len(indent) + first + cw * len(gpus) > WIDTH
+    cols, placed = [name(g) for g in gpus], False
     if letters:
-        cw = 2
-    head = f"{indent}{'from/to':<{first}}" + "".join(f"{(name(g) if not letters else g[-1]):>{cw}}" for g in gpus)
+        cols, placed = _column_labels(gpus)
+        if placed:  # the rows say the place their column is labelled with
+            name = lambda g, _n=name, _at={g: i for i, g in enumerate(gpus)}: f"{_at[g]}:{_n(g)}"  # noqa: E731
+            first = max(6, max(len(name(g)) for g in gpus) + 1)
+        cw = max(len(c) for c in cols) + 1
+    head = f"{indent}{'from/to':<{first}}" + "".join(f"{c:>{cw}}" for c in cols)
     lines = [head.rstrip()]
     for a in gpus:
         row = []
@@ -380,7 +385,30 @@ def render_matrix(data: dict, indent: str = "  ") -> list[str]:
             row.append(f"{text[:cw - 1]:>{cw}}")
         lines.append(f"{indent}{name(a):<{first}}" + "".join(row))
     lines += _legend(data["pairs"], indent, letters)
+    if placed:
+        lines.insert(len(gpus) + 3, f"{indent}columns are numbered by place: the number before each row's name")
+    elif letters and any(_RANK_END.match(g) for g in gpus):
+        lines.insert(len(gpus) + 3, f"{indent}columns are labelled by rank: 8 is the column of r8/GPU0")
     return [l[:WIDTH] if len(l) > WIDTH else l for l in lines]
+
+
+def _column_labels(gpus: list[str]) -> tuple[list[str], bool]:
+    """Column labels where each cell is one letter: the whole GPU index ("12", not its last digit), or
+    the rank of a rank/GPU endpoint ("8" for r8/GPU0: GPU indexes repeat on every node).  Where those
+    repeat or are not numbers (two communicators' ranks in one log, a PCI bus id), each endpoint's
+    place in the list; True then, and the rows name their place too."""
+    short = [m.group(1) if (m := _RANK_END.match(g)) else g for g in gpus]
+    if len(set(short)) == len(short) and all(x.isdigit() for x in short):
+        return short, False
+    return [str(i) for i in range(len(gpus))], True
+
+
+_RANK_END = re.compile(r"r(\d+)/")
+
+
+def _rank_keyed(data: dict) -> bool:
+    """Whether a matrix's endpoints are rank/GPU (a multi-node communicator, ``pairs``) or GPUs."""
+    return any(_RANK_END.match(g) for g in data.get("gpus", []))
 
 
 def _labels_of(p: dict) -> set[str]:
@@ -412,6 +440,12 @@ def _legend(pair_list: list[dict], indent: str, letters: bool) -> list[str]:
 
 def diff(default: dict, other: dict, baseline: str = "default") -> list[str]:
     """What ``other`` changed against ``default``, grouped: "pairs 0->4, 1->5 moved from SHM to P2P"."""
+    if default["pairs"] and other["pairs"] and _rank_keyed(default) != _rank_keyed(other):
+        # r8/GPU0 and GPU 0 are not one endpoint: compared by key, every pair would read as moved
+        ends = ("rank/GPU (several nodes)", "GPU (one node)")
+        here, there = ends if _rank_keyed(other) else ends[::-1]
+        return [f"endpoints are {here} here and {there} in {baseline}: the two cannot be compared pair by "
+                "pair; see both matrices"]
     a = {(p["src"], p["dst"]): p["cell"] for p in default["pairs"]}
     b = {(p["src"], p["dst"]): p["cell"] for p in other["pairs"]}
     moved: dict[tuple, list[str]] = {}

@@ -331,7 +331,8 @@ def derive(run_dir: str | Path, *, allow_ll128: bool = False, now: _dt.datetime 
     refusals = tuple(dict.fromkeys(
         f"{d.size_bytes} B: {c.config}: {c.outcome}: {c.why}"
         for d in decisions for c in ((d.winner,) if d.outcome not in (RULE, NONE_CERTIFIED) else ()) + d.passed_over))
-    notes = []
+    # an A/A twin certified (per size here, or in stage 2): the machine certifies noise, and so may every rule
+    notes = [n for n in v.notes if n.startswith("A/A check: FAIL")]
     short = [c for c in certs if c.rounds_to_certify is not None and (c.rounds or 0) < c.rounds_to_certify
              and c.p_floor > c.threshold]
     if short:
