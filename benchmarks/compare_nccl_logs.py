@@ -6,7 +6,11 @@ Reads every ``nccl.*.log`` (NCCL_DEBUG_FILE) in each folder.  ENV lines ("NCCL_X
 to V") must be the same set in both, and each NAME=VALUE given must be among them in both
 (NCCL_PROTO and NCCL_ALGO may be absent from both: with one rank NCCL skips its tuning model).  INIT lines are
 compared as multisets after masking what differs between any two processes: addresses and ids (hex),
-timings (decimals), the launch folder's path, the host:pid:tid prefix.  Exit 0 when both match.
+timings (decimals), the launch folder's path, the host:pid:tid prefix, and the CPU core NCCL's proxy
+threads landed on (two torchrun launches of one config differed there too: cores 3/4/5/9 and 2/3/0/8
+on 1x H200).  Lines NCCL prints only when its process exits (EXIT_ONLY) are listed, not compared: a
+forked child ends with os._exit once its results are written, so NCCL's exit-time cleanup does not
+run there (nothing it measured depends on it).  Exit 0 when both match.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ TUNING_VARS = ("NCCL_PROTO", "NCCL_ALGO")  # read by NCCL's tuning model only, w
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _DEC = re.compile(r"\d+\.\d+")
 _PID = re.compile(r"\bpid \d+")
+_CORE = re.compile(r"CPU core \d+")
+EXIT_ONLY = ("ENV/Plugin: Closing env plugin",)  # printed at process exit (library teardown), not at init
 
 
-def lines_of(folder: Path) -> tuple[set[str], Counter]:
+def lines_of(folder: Path) -> tuple[set[str], Counter, Counter]:
     env: set[str] = set()
     init: Counter = Counter()
+    at_exit: Counter = Counter()
     for log in sorted(folder.glob("nccl.*.log")):
         for raw in log.read_text(errors="replace").splitlines():
             m = _PREFIX.match(raw.strip())
@@ -38,14 +45,16 @@ def lines_of(folder: Path) -> tuple[set[str], Counter]:
             msg = m["msg"].replace(str(folder.resolve()), "<folder>")
             if _SET.match(msg):
                 env.add(msg)
+            elif msg.startswith(EXIT_ONLY):
+                at_exit[msg] += 1
             else:
-                init[_PID.sub("pid <pid>", _DEC.sub("<t>", _HEX.sub("<hex>", msg)))] += 1
-    return env, init
+                init[_CORE.sub("CPU core <n>", _PID.sub("pid <pid>", _DEC.sub("<t>", _HEX.sub("<hex>", msg))))] += 1
+    return env, init, at_exit
 
 
 def compare(a: Path, b: Path, want: dict[str, str], out_json: Path | None = None) -> int:
-    env_a, init_a = lines_of(a)
-    env_b, init_b = lines_of(b)
+    env_a, init_a, exit_a = lines_of(a)
+    env_b, init_b, exit_b = lines_of(b)
     applied_a = {s["name"]: _value(s["value"]) for s in map(_SET.match, env_a)}
     applied_b = {s["name"]: _value(s["value"]) for s in map(_SET.match, env_b)}
     # With one rank NCCL skips its tuning model and logs no NCCL_PROTO/NCCL_ALGO (seen on 1x H200): a
@@ -57,7 +66,8 @@ def compare(a: Path, b: Path, want: dict[str, str], out_json: Path | None = None
     ok = bool(env_a) and env_a == env_b and not missing and not only_a and not only_b
     report = {"a": str(a), "b": str(b), "env_lines_a": sorted(env_a), "env_lines_b": sorted(env_b),
               "env_equal": env_a == env_b, "wanted_missing": missing, "wanted_unlogged": unlogged, "init_lines": sum(init_a.values()),
-              "init_only_a": sorted(only_a.elements()), "init_only_b": sorted(only_b.elements()), "equal": ok}
+              "init_only_a": sorted(only_a.elements()), "init_only_b": sorted(only_b.elements()),
+              "exit_lines_a": sorted(exit_a.elements()), "exit_lines_b": sorted(exit_b.elements()), "equal": ok}
     print(f"ENV lines: {len(env_a)} in {a.name}, {len(env_b)} in {b.name}: "
           + ("identical" if env_a == env_b else "DIFFERENT"))
     for line in sorted(env_a | env_b):
@@ -71,6 +81,9 @@ def compare(a: Path, b: Path, want: dict[str, str], out_json: Path | None = None
         print(f"  only {a.name}: {line}")
     for line in sorted(only_b.elements()):
         print(f"  only {b.name}: {line}")
+    if exit_a or exit_b:
+        print(f"exit-time lines (not compared): {a.name} {sum(exit_a.values())}, {b.name} {sum(exit_b.values())}"
+              + "".join(f"\n  {name}: {line}" for name, c in ((a.name, exit_a), (b.name, exit_b)) for line in c))
     print("PROOF 1: " + ("PASS" if ok else "FAIL"))
     if out_json:
         out_json.write_text(json.dumps(report, indent=1))

@@ -268,3 +268,26 @@ def test_nccl_log_compare_names_a_variable_logged_by_one_launch_only(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["wanted_missing"] == {"NCCL_PROTO": "LL"}
     assert cmp.compare(tmp_path / "b", tmp_path / "b", {"NCCL_PROTO": "LL"}, tmp_path / "r.json") == 0
     assert json.loads((tmp_path / "r.json").read_text())["wanted_unlogged"] == ["NCCL_PROTO"]
+
+
+def test_gpu_proof_recordings_a_forked_child_logs_what_a_torchrun_launch_logs():
+    """The proof recorded on 1x H200 (tests/fixtures/forkserver/): for the seed config and for defaults,
+    the forked child's ENV lines equal the torchrun launch's, and its INIT lines too once what differs
+    between any two launches is masked (the proxy threads' CPU cores moved between two torchrun
+    launches as well); the exit-time line only a torchrun launch prints is listed, not compared.  The
+    judge can fail: defaults against the seed config differ in both (16 channels instead of 64)."""
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("compare_nccl_logs", REPO / "benchmarks" / "compare_nccl_logs.py")
+    cmp = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(cmp)
+    fix = REPO / "tests" / "fixtures" / "forkserver"
+    rec = lambda name: fix / f"h200x1-gpu-recording-{name}"
+    seed = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+            "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+    assert cmp.compare(rec("torchrun"), rec("forkserver"), seed) == 0
+    assert cmp.compare(rec("torchrun-default"), rec("forkserver-default"), {}) == 0
+    env, init, at_exit = cmp.lines_of(rec("forkserver"))
+    assert len(env) == 5 and sum(init.values()) == 76 and not at_exit
+    assert sum(cmp.lines_of(rec("torchrun"))[2].values()) == 1  # "ENV/Plugin: Closing env plugin ..."
+    assert cmp.compare(rec("torchrun-default"), rec("forkserver"), seed) == 1
