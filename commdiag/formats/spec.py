@@ -37,7 +37,10 @@ REPLAY_STREAMS = ("side", "default")
 # How each launch's processes start (docs/launch-methods.md): a fork of a per-rank launch server
 # that imported torch once, or a fresh torchrun.  The default, per backend, is this one table.
 LAUNCH_METHODS = ("forkserver", "torchrun")
-DEFAULT_LAUNCH = {"gloo": "forkserver", "nccl": "forkserver"}
+# nccl stays on torchrun until the fork server's 2-GPU A/A against it (benchmarks/gpu_forkserver.sh) is
+# recorded: proof 1 (NCCL's own ENV/INIT lines) passed on one GPU, the equivalence of the measurements
+# needs two (docs/launch-methods.md, "Which is the default").
+DEFAULT_LAUNCH = {"gloo": "forkserver", "nccl": "torchrun"}
 DEFAULT_CONFIG = "default"
 # Size bands for verdicts (tokens, inclusive); null = unbounded.  Decode steps and
 # speculative verify steps send 1..64 tokens, prefill chunks 256 and more.
