@@ -84,8 +84,41 @@ def _gpu_count() -> int:
 _GPUS = None
 
 
+# The longest tests, longest first (seconds each with -n 2 on 2 cores, from a --durations profile): each
+# is a real torchrun sweep, a real venv or a real Chromium.  They run first, so that neither xdist worker
+# ends the suite alone on one of them while the other idles; with --maxschedchunk 1 (pyproject.toml)
+# each worker takes the next test when it is ready for it, so the rest, all short, fill in behind them.
+# A node id containing one of these strings; every other test keeps its place, after these.
+LONGEST_FIRST = (
+    "test_confirm.py::test_real_cpu_aa_through_both_stages",
+    "test_tuner_rules.py::test_real_gloo_sweep_with_certify_sizes",
+    "test_sweep.py::test_hang_crash_and_wrong_launches",
+    "test_widths.py::test_cpu_smoke_end_to_end",
+    "test_sweep.py::test_second_sweep_in_a_folder",
+    "test_sweep.py::test_two_torchrun_agents",
+    "test_sweep.py::test_smoke_sweep",
+    "test_sweep.py::test_interrupt_then_resume",
+    "test_sweep.py::test_reuse_process",
+    "test_step.py::test_real_cpu_step",
+    "test_ab.py::",
+    "test_newcomer.py::test_readme_install_then",
+    "test_sweep.py::",
+    "test_report.py::",
+    "test_ncclib.py::",
+    "test_widths.py::",
+)
+
+
+def longest_first_rank(nodeid: str) -> int:
+    """The place of ``nodeid`` in LONGEST_FIRST (len(LONGEST_FIRST) for every other test)."""
+    return next((n for n, part in enumerate(LONGEST_FIRST) if part in nodeid), len(LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run where a GPU is visible and skip, saying so, where none is."""
+    """The longest tests first (LONGEST_FIRST; a stable sort: the same order in every xdist worker, as
+    xdist requires), and tests marked ``gpu`` run where a GPU is visible and skip, saying so, where none
+    is."""
+    items.sort(key=lambda item: longest_first_rank(item.nodeid))
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and _gpu_count() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
