@@ -346,12 +346,14 @@ def test_detect_says_why_the_topology_is_missing_once():
 
 def test_doctor_and_detect_text_fits_100_columns():
     rec = REPO / "tests" / "fixtures" / "h200x2-nvlink" / "nvml-readings.json"
+    out = {}
     for args in (("doctor", "--nvml-replay", rec, "--expect", "NCCL_PROTO=LL"), ("detect", "--nvml-replay", rec)):
         cp = cli(*args, env=clean_env())
+        out[args[0]] = cp.stdout
         # a single path longer than a line is left whole; everything with a space in it is wrapped
         long = [l for l in cp.stdout.splitlines() if len(l) > 100 and " " in l.strip()]
         assert not long, long
-    doc = cli("doctor", "--nvml-replay", rec, "--expect", "NCCL_PROTO=LL", env=clean_env()).stdout.splitlines()
+    doc = out["doctor"].splitlines()
     at = next(n for n, l in enumerate(doc) if l.startswith("           do: export it where the workers start"))
     assert doc[at + 1].startswith("               ")  # continuation aligned under the text
 
