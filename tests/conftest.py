@@ -109,16 +109,32 @@ LONGEST_FIRST = (
 )
 
 
+# The long real end-to-end runs, marked ``slow`` here in one place: torchrun sweeps through several
+# stages or many launches, each tens of seconds to minutes on 2 cores.  The README's command leaves them
+# out (addopts: -m "not slow"); `pytest -m slow` runs them, and CI runs that as a step of its own
+# (.ci/run).  What each proves is listed in docs/testing.md.  A node id containing one of these strings.
+SLOW = (
+    "test_confirm.py::test_real_cpu_aa_through_both_stages",
+    "test_tuner_rules.py::test_real_gloo_sweep_with_certify_sizes",
+    "test_widths.py::test_cpu_smoke_end_to_end",
+    "test_step.py::test_real_cpu_step",
+)
+
+
 def longest_first_rank(nodeid: str) -> int:
     """The place of ``nodeid`` in LONGEST_FIRST (len(LONGEST_FIRST) for every other test)."""
     return next((n for n, part in enumerate(LONGEST_FIRST) if part in nodeid), len(LONGEST_FIRST))
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker: the slow marks are added here
 def pytest_collection_modifyitems(config, items):
     """The longest tests first (LONGEST_FIRST; a stable sort: the same order in every xdist worker, as
-    xdist requires), and tests marked ``gpu`` run where a GPU is visible and skip, saying so, where none
-    is."""
+    xdist requires), the SLOW ones marked ``slow``, and tests marked ``gpu`` run where a GPU is visible
+    and skip, saying so, where none is."""
     items.sort(key=lambda item: longest_first_rank(item.nodeid))
+    for item in items:
+        if any(part in item.nodeid for part in SLOW):
+            item.add_marker(pytest.mark.slow)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and _gpu_count() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
@@ -127,7 +143,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """One visible line when the browser the report tests need is missing (they skip without it)."""
+    """One visible line when the slow tests were left out (the README's command), and one when the
+    browser the report tests need is missing (they skip without it)."""
+    if "not slow" in (config.option.markexpr or ""):
+        terminalreporter.write_line(
+            "NOTE: slow tests left out (conftest.py SLOW): `pytest -m slow` runs them (CI does)",
+            yellow=True, bold=True)
     if not (shutil.which("chromium") or shutil.which("chromium-browser")):
         terminalreporter.write_line(
             "NOTE: chromium is not installed: the HTML report tests were skipped "
