@@ -134,7 +134,7 @@ def test_missing_and_non_nccl_libraries_say_why(libs):
 
 
 def test_the_child_runs_isolated_from_the_current_folder(libs, tmp_path, monkeypatch):
-    for mod in ("json", "ctypes", "re", "os"):
+    for mod in ("json", "ctypes", "re", "os", "ast", "importlib"):
         (tmp_path / f"{mod}.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'a').write('{mod}')\n")
     monkeypatch.chdir(tmp_path)
     r = ncclib.probe(_python(), _env(LD_LIBRARY_PATH=str(libs["a"].parent)))
@@ -213,7 +213,7 @@ def test_check_env_libs_cli_on_this_interpreter_with_torch(libs):
                         text=True, env={**env, "SGLANG_NCCL_SO_PATH": same}, timeout=300)
     data = json.loads(cp.stdout)
     assert cp.returncode == 0 and data["format"] == "commdiag-nccl-libraries" and data["mismatches"] == []
-    assert data["torch"] is not None  # this interpreter's torch was imported in the child
+    assert data["torch"] is not None  # this interpreter's torch was found in the child
     cp = subprocess.run([sys.executable, "-m", "commdiag.cli", "check-env", "--libs", "--nccl"], capture_output=True,
                         text=True, env=env, timeout=60)
     assert cp.returncode == 2 and "check of its own" in cp.stderr
@@ -241,3 +241,30 @@ def test_doctor_python_reports_each_interpreter_and_flags_the_mismatch(libs):
         assert len(lib["mismatches"]) == 1
     flagged = [f for f in rep["findings"] if f["check"].startswith("NCCL libraries ")]
     assert [f["severity"] for f in flagged] == ["warning", "warning"]
+
+
+def test_a_cpu_torch_is_read_not_imported_and_a_cuda_torch_is_imported_for_its_nccl(tmp_path):
+    """The child learns that a CPU torch has no NCCL from its torch/version.py (importing torch takes
+    seconds); a CUDA build is imported, as a server does, to map its libnccl and ask its version.  Two
+    stand-in torch packages in a real venv, each leaving a file when imported."""
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    torch = site / "torch"
+    torch.mkdir()
+    imported = tmp_path / "imported"
+    (torch / "__init__.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\n"
+        "from . import version\n__version__ = version.__version__\n"
+        "class cuda:\n    class nccl:\n        @staticmethod\n        def version():\n            return (2, 28, 9)\n")
+    (torch / "version.py").write_text("from typing import Optional\n__version__ = '9.9.9+cpu'\n"
+                                      "cuda: Optional[str] = None\nhip: Optional[str] = None\n")
+    r = ncclib.probe(py, _env())
+    assert r.error is None and r.torch == "9.9.9+cpu" and r.torch_cuda is None and r.torch_nccl is None
+    assert not imported.exists() and any("is a CPU build: it has no NCCL" in n for n in r.notes)
+    (torch / "version.py").write_text("__version__ = '9.9.9+cu130'\ncuda = '13.0'\n")
+    r = ncclib.probe(py, _env())
+    assert r.error is None and (r.torch, r.torch_cuda, r.torch_nccl) == ("9.9.9+cu130", "13.0", "2.28.9")
+    assert imported.exists()
