@@ -84,7 +84,7 @@ def _gpu_count() -> int:
 _GPUS = None
 
 
-# The longest tests, longest first (seconds each with -n 2 on 2 cores, from a --durations profile): each
+# The longest tests, longest first (from a --durations profile with -n 2 on 2 cores, 2026-12-02): each
 # is a real torchrun sweep, a real venv or a real Chromium.  They run first, so that neither xdist worker
 # ends the suite alone on one of them while the other idles; with --maxschedchunk 1 (pyproject.toml)
 # each worker takes the next test when it is ready for it, so the rest, all short, fill in behind them.
@@ -92,27 +92,35 @@ _GPUS = None
 LONGEST_FIRST = (
     "test_confirm.py::test_real_cpu_aa_through_both_stages",
     "test_tuner_rules.py::test_real_gloo_sweep_with_certify_sizes",
+    "test_sweep.py::test_interrupt_then_resume",
+    "test_sweep.py::test_reuse_process_runs_per_communicator_settings",
+    "test_sweep.py::test_second_sweep_in_a_folder",
+    "test_sweep.py::test_smoke_sweep",
     "test_sweep.py::test_hang_crash_and_wrong_launches",
     "test_widths.py::test_cpu_smoke_end_to_end",
-    "test_sweep.py::test_second_sweep_in_a_folder",
-    "test_sweep.py::test_two_torchrun_agents",
-    "test_sweep.py::test_smoke_sweep",
-    "test_sweep.py::test_interrupt_then_resume",
     "test_sweep.py::test_reuse_process",
+    "test_sweep.py::test_two_torchrun_agents",
     "test_step.py::test_real_cpu_step",
-    "test_newcomer.py::test_readme_install_then",
-    "test_ab.py::",
-    "test_install_tuner.py::test_install_status_reinstall_and_exact_undo",
-    "test_sweep.py::",
-    "test_newcomer.py::test_doctor_and_detect_text_fits_100_columns",
+    "test_sweep.py::test_teardown_hang",
     "test_report.py::test_large_report_stays_lean",
-    "test_p2p_analysis.py::test_html_page_draws_every_heatmap_in_a_browser",
-    "test_gpu_recordings.py::test_certified_gpu_report_draws_in_chromium",
     "test_compare.py::test_two_recorded_aa_runs_through_the_cli",
-    "test_safety_owner.py::test_a_venv_owned_by_another_user",
-    "test_widths.py::test_detect_and_doctor_on_gpu_recordings",
+    "test_sweep.py::test_a_sweep_started_with_sigint_ignored",
+    "test_report.py::test_report_of_a_real_cpu_run_draws_every_plot",
+    "test_newcomer.py::test_readme_install_then",
+    "test_gpu_recordings.py::test_certified_gpu_report_draws_in_chromium",
+    "test_p2p_analysis.py::test_html_page_draws_every_heatmap_in_a_browser",
+    "test_report.py::test_report_of_a_real_run_with_crashed",
+    "test_ab.py::",
+    "test_sweep.py::",
+    "test_gpu_recordings.py::",
     "test_report.py::",
+    "test_compare.py::",
+    "test_newcomer.py::test_doctor_and_detect_text_fits_100_columns",
+    "test_safety_owner.py::test_a_venv_owned_by_another_user",
+    "test_install_tuner.py::test_install_status_reinstall_and_exact_undo",
+    "test_widths.py::test_detect_and_doctor_on_gpu_recordings",
     "test_safety_children.py::test_a_sweep_launch_agent_and_worker",
+    "test_envcheck.py::test_propagation_through_every_start_method",
     "test_install_tuner.py::",
     "test_hook.py::test_spawn_child_and_status",
     "test_widths.py::",
