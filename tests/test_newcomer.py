@@ -197,6 +197,9 @@ def test_readme_install_then_the_in_server_line_works_from_the_folder_holding_th
     cp = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps",
                          *(["--no-build-isolation", "--no-index"] if local else []), *install],
                         cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    if cp.returncode and not local and "No matching distribution found for setuptools" in cp.stderr:
+        pytest.skip("no setuptools here to build with, and no package index reachable for pip's isolated "
+                    "build to fetch one: the README's install cannot be shown on this machine")
     assert cp.returncode == 0, cp.stderr[-2000:]
     for pth in Path(_purelib(py)).glob("commdiag-test-lent-*.pth"):
         pth.unlink()  # the server's venv as it was, plus commdiag
