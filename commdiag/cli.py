@@ -241,7 +241,7 @@ def _finish_run(res, as_json: bool) -> None:
                                "state": res.state, "launches": res.counts,
                                "summary": json.loads(data.summary.to_json(orient="records")),
                                "verdicts": pub.verdicts.to_json() if pub else None,
-                               "report": str(pub.report) if pub else None,
+                               "report": str(pub.report) if pub and pub.report else None,
                                "profiles": [str(res.run_dir / p) for p in pub.profiles] if pub else [],
                                **({"step": step[1]} if step else {})}, indent=1), wrap=False)
     else:
@@ -250,7 +250,7 @@ def _finish_run(res, as_json: bool) -> None:
             _echo("\n" + step[0])
         if pub:
             _echo("\n" + report.render_verdicts(pub.verdicts))
-            _echo(f"\nreport: {pub.report}")
+            _echo(f"\nreport: {pub.report or pub.report_note}")
             _echo("profiles: " + (", ".join(str(res.run_dir / p) for p in pub.profiles) if pub.profiles
                                        else "none (no certified winner: keep NCCL defaults)"))
         _echo(f"\nrun folder: {res.run_dir}   launches: "

@@ -18,15 +18,19 @@ from commdiag.formats.spec import load_spec
 from conftest import REPO, assert_fits, one_message, run_cli, words, write_spec
 
 CPU_AA = REPO / "sweeps" / "cpu-aa.yaml"
-SMALL = ("--set", "iters=10", "--set", "warmup=2", "--set", "sizes={hidden: 1024, tokens: [1, 256]}")
+# The shipped A/A spec at its smallest: one size per band (two claims, so stage 2 still needs 9 rounds), few
+# iterations, 2 screening trials, and reuse_process (default and its twin differ in no variable, so each round
+# shares one torchrun process): 2 + 9 processes instead of 6 + 18 launches, every stage still real.
+SMALL = ("--set", "iters=10", "--set", "warmup=2", "--set", "sizes={hidden: 1024, tokens: [1, 256]}",
+         "--set", "trials=2", "--set", "reuse_process=true")
 
 
 def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_stages(tmp_path):
     out = tmp_path / "aa"
     # stage 1 only
     proc = run_cli("sweep", CPU_AA, "--out", out, *SMALL, "--no-confirm", "--json")
-    assert " ".join(proc.stderr.split()).startswith(f"run folder {out}: 6 launches to run (6 screening: 2 configs "
-                                                    "x 3 trials)")  # wrapped at 100 columns
+    assert " ".join(proc.stderr.split()).startswith(f"run folder {out}: 4 launches to run (4 screening: 2 configs "
+                                                    "x 2 trials)")  # wrapped at 100 columns
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_fits(proc, stdout=False)  # the progress lines
     data = json.loads(proc.stdout)
@@ -48,6 +52,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     stage2 = [l for l in run["launches"] if l["stage"] == 2]
     assert len(stage2) == 18 and {l["status"] for l in stage2} == {"ok"}
     assert sorted(l["round"] for l in stage2) == sorted(list(range(9)) * 2)
+    assert len({l["process"] for l in stage2}) == 9  # reuse_process: one process per round
     assert run["confirmation"]["family_size"] == 2 and run["confirmation"]["test"] == certify.PAIRED_TEST
     assert "confirmation (stage 2): confirmed: 0 of 2 claims certified" in words(proc.stdout)
     assert "aa vs default, decode band (eager): not certified, keep NCCL defaults" in words(proc.stdout)

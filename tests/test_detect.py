@@ -194,3 +194,36 @@ def test_detect_recorded_live_on_two_nvlink_h200s_replays():
     assert again["classification"] == "nvlink" and len(again["gpus"]) == 2
     assert {p["label"] for p in again["pairs"]} == {"NV18"}
     assert any("NCCL_P2P_DISABLE=1" in a for a in again["advice"])
+
+
+def test_torch_build_reads_torch_version_py_without_importing_torch(tmp_path):
+    """detect and doctor learn a CPU torch's version from torch/version.py (importing torch to find it has
+    no NCCL takes seconds); a CUDA build is still imported to ask its NCCL; anything unexpected: None."""
+    import torch
+
+    from commdiag.environment import detect
+
+    assert detect.torch_build() == (torch.__version__, torch.version.cuda)  # this interpreter's real torch
+    cases = {
+        "from typing import Optional\n__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n": ("2.11.0+cu130",
+                                                                                                       "13.0"),
+        "__version__ = '2.13.0+cpu'\ncuda = None\n": ("2.13.0+cpu", None),
+        "__version__ = '2.13.0'\n": None,  # no cuda line: unknown, so torch is imported as before
+        "__version__ = '2.13.0'\ncuda = get()\n": None,
+        "__version__ = (\n": None,
+    }
+    for n, (text, expected) in enumerate(cases.items()):
+        folder = tmp_path / f"t{n}"
+        folder.mkdir()
+        (folder / "version.py").write_text(text)
+        assert detect.torch_build(str(folder)) == expected, text
+    assert detect.torch_build(str(tmp_path / "missing")) is None
+    # and the versions detect reports in a fresh interpreter, where torch is not imported yet, are torch's own
+    proc = subprocess.run([sys.executable, "-c", "import sys, json; from commdiag.environment import detect, "
+                           "topology; v = detect.collect_versions(topology.unavailable('t')); "
+                           "print(json.dumps([v['torch'], v['torch_cuda'], 'torch' in sys.modules]))"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    version, cuda, imported = json.loads(proc.stdout)
+    assert (version, cuda) == (torch.__version__, torch.version.cuda)
+    assert imported == bool(torch.version.cuda)  # only a CUDA build is imported (to ask for its NCCL)

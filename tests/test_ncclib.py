@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from commdiag.environment import doctor, ncclib
-from conftest import REPO
+from conftest import REPO, words
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
 
@@ -43,6 +43,34 @@ def _python() -> str:
                                                         capture_output=True).returncode != 0:
             return py
     return sys.executable
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_nccl() -> tuple[str, str | None] | None:
+    """(version, path) of the NCCL that torch brings in this test's own interpreter (a CUDA build, as on a
+    GPU box; path None where it is linked into torch), else None (a CPU build: no NCCL of its own).  With
+    it, torch is the reference every other library is compared with, and a bare libnccl.so.2 resolves
+    to torch's already loaded library (the same soname)."""
+    try:
+        import torch
+
+        if not torch.version.cuda:
+            return None
+    except Exception:  # noqa: BLE001 - no usable torch here: no torch NCCL
+        return None
+    r = ncclib.probe(sys.executable, _env())
+    if r.torch_lib is not None:
+        return r.torch_lib.version, r.torch_lib.path
+    return (r.torch_nccl, None) if r.torch_nccl else None
+
+
+@functools.lru_cache(maxsize=None)
+def _system_libnccl() -> str | None:
+    """Where a bare libnccl.so.2 resolves for _python() with no LD_LIBRARY_PATH (the loader cache: a GPU
+    box with NCCL installed system-wide has one), else None."""
+    r = ncclib.probe(_python(), _env())
+    bare = next((l for l in r.libs if l.label == ncclib.BARE), None)
+    return bare.path if bare is not None and bare.ok else None
 
 
 def _env(**extra) -> dict:
@@ -96,12 +124,17 @@ def test_missing_and_non_nccl_libraries_say_why(libs):
     r = ncclib.probe(_python(), _env(SGLANG_NCCL_SO_PATH=str(libs["notnccl"]), LD_LIBRARY_PATH=str(libs["root"])))
     got = {l.label: l.error for l in r.libs}
     assert "not an NCCL library" in got["SGLANG_NCCL_SO_PATH"]
-    assert "cannot open shared object file" in got["libnccl.so.2"]
+    system = _system_libnccl()
+    if system is None:
+        assert "cannot open shared object file" in got["libnccl.so.2"]
+    else:  # NCCL is installed system-wide here: no folder on LD_LIBRARY_PATH has one, so the cache's is found
+        bare = next(l for l in r.libs if l.label == "libnccl.so.2")
+        assert got["libnccl.so.2"] is None and bare.path == system and str(libs["root"]) not in system
     assert r.mismatches() == []
 
 
 def test_the_child_runs_isolated_from_the_current_folder(libs, tmp_path, monkeypatch):
-    for mod in ("json", "ctypes", "re", "os"):
+    for mod in ("json", "ctypes", "re", "os", "ast", "importlib"):
         (tmp_path / f"{mod}.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'a').write('{mod}')\n")
     monkeypatch.chdir(tmp_path)
     r = ncclib.probe(_python(), _env(LD_LIBRARY_PATH=str(libs["a"].parent)))
@@ -168,13 +201,19 @@ def test_check_env_libs_cli_on_this_interpreter_with_torch(libs):
     cp = subprocess.run([sys.executable, "-m", "commdiag.cli", "check-env", "--libs"], capture_output=True,
                         text=True, env=env, timeout=300)
     assert cp.returncode == 1, cp.stdout + cp.stderr
-    assert "MISMATCH: libnccl.so.2 uses NCCL 2.28.9" in cp.stdout
+    # the reference is torch's own NCCL where this torch is a CUDA build (a GPU box), else libnccl.so.2's
+    torch_nccl = _torch_nccl()
+    ref = f"torch uses NCCL {torch_nccl[0]}" if torch_nccl else "libnccl.so.2 uses NCCL 2.28.9"
+    assert f"MISMATCH: {ref}" in words(cp.stdout) and "loads NCCL 2.27.3" in words(cp.stdout)
     assert all(len(l) <= 100 for l in cp.stdout.splitlines())
+    # the same library as the reference: no mismatch (with torch's NCCL, torch's own file; a copy of the same
+    # version elsewhere would be a second copy)
+    same = (torch_nccl[1] or "libnccl.so.2") if torch_nccl else str(libs["a"])
     cp = subprocess.run([sys.executable, "-m", "commdiag.cli", "check-env", "--libs", "--json"], capture_output=True,
-                        text=True, env={**env, "SGLANG_NCCL_SO_PATH": str(libs["a"])}, timeout=300)
+                        text=True, env={**env, "SGLANG_NCCL_SO_PATH": same}, timeout=300)
     data = json.loads(cp.stdout)
     assert cp.returncode == 0 and data["format"] == "commdiag-nccl-libraries" and data["mismatches"] == []
-    assert data["torch"] is not None  # this interpreter's torch was imported in the child
+    assert data["torch"] is not None  # this interpreter's torch was found in the child
     cp = subprocess.run([sys.executable, "-m", "commdiag.cli", "check-env", "--libs", "--nccl"], capture_output=True,
                         text=True, env=env, timeout=60)
     assert cp.returncode == 2 and "check of its own" in cp.stderr
@@ -190,9 +229,42 @@ def test_doctor_python_reports_each_interpreter_and_flags_the_mismatch(libs):
     rep = json.loads(cp.stdout)
     by_python = {l["python"]: l for l in rep["nccl_libraries"]}
     assert len(by_python) == 2  # this interpreter and --python
+    torch_nccl = _torch_nccl()
     for lib in by_python.values():
-        assert {l["label"]: l["version"] for l in lib["libs"]} == {"libnccl.so.2": "2.28.9",
-                                                                  "SGLANG_NCCL_SO_PATH": "2.27.3"}
+        expected = {"libnccl.so.2": "2.28.9", "SGLANG_NCCL_SO_PATH": "2.27.3"}
+        if torch_nccl and lib["torch_cuda"]:  # this interpreter (_python() is one without torch)
+            # a CUDA torch maps its own libnccl.so.2: the bare name resolves to it (the same soname)
+            expected["libnccl.so.2"] = torch_nccl[0]
+            if torch_nccl[1]:
+                expected["torch"] = torch_nccl[0]
+        assert {l["label"]: l["version"] for l in lib["libs"]} == expected
         assert len(lib["mismatches"]) == 1
     flagged = [f for f in rep["findings"] if f["check"].startswith("NCCL libraries ")]
     assert [f["severity"] for f in flagged] == ["warning", "warning"]
+
+
+def test_a_cpu_torch_is_read_not_imported_and_a_cuda_torch_is_imported_for_its_nccl(tmp_path):
+    """The child learns that a CPU torch has no NCCL from its torch/version.py (importing torch takes
+    seconds); a CUDA build is imported, as a server does, to map its libnccl and ask its version.  Two
+    stand-in torch packages in a real venv, each leaving a file when imported."""
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    torch = site / "torch"
+    torch.mkdir()
+    imported = tmp_path / "imported"
+    (torch / "__init__.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\n"
+        "from . import version\n__version__ = version.__version__\n"
+        "class cuda:\n    class nccl:\n        @staticmethod\n        def version():\n            return (2, 28, 9)\n")
+    (torch / "version.py").write_text("from typing import Optional\n__version__ = '9.9.9+cpu'\n"
+                                      "cuda: Optional[str] = None\nhip: Optional[str] = None\n")
+    r = ncclib.probe(py, _env())
+    assert r.error is None and r.torch == "9.9.9+cpu" and r.torch_cuda is None and r.torch_nccl is None
+    assert not imported.exists() and any("is a CPU build: it has no NCCL" in n for n in r.notes)
+    (torch / "version.py").write_text("__version__ = '9.9.9+cu130'\ncuda = '13.0'\n")
+    r = ncclib.probe(py, _env())
+    assert r.error is None and (r.torch, r.torch_cuda, r.torch_nccl) == ("9.9.9+cu130", "13.0", "2.28.9")
+    assert imported.exists()

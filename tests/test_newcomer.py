@@ -144,6 +144,31 @@ def test_readme_worker_check_works_from_the_folder_holding_the_clone(tmp_path):
     assert cp.returncode == 0 and "OK 1 expected" in cp.stdout, cp.stderr
 
 
+def _purelib(py: str) -> str:
+    return subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+
+def _lend_setuptools(py: str, folder: Path) -> bool:
+    """Make this interpreter's setuptools (and wheel, if any) importable in the venv of ``py``, through a .pth
+    naming a folder of links to them: only those packages, not this interpreter's whole site-packages.
+    False where this interpreter has no setuptools either."""
+    import importlib.util
+
+    found = importlib.util.find_spec("setuptools")
+    if found is None or not found.submodule_search_locations:
+        return False
+    site = Path(next(iter(found.submodule_search_locations))).parent
+    folder.mkdir()
+    # with their .dist-info: setuptools finds its own commands (dist_info, bdist_wheel) by entry points
+    for name in ("setuptools", "pkg_resources", "_distutils_hack", "wheel"):
+        for path in (site / name, *site.glob(f"{name}-*.dist-info")):
+            if path.is_dir():
+                (folder / path.name).symlink_to(path, target_is_directory=True)
+    (Path(_purelib(py)) / "commdiag-test-lent-setuptools.pth").write_text(f"{folder}\n")
+    return True
+
+
 def test_readme_install_then_the_in_server_line_works_from_the_folder_holding_the_clone(tmp_path):
     """Step 1's install into a real venv (the server's), then step 7's in-server line run by that venv's
     python from the clone's parent folder, where the clone is a folder named commdiag/ on the path."""
@@ -165,10 +190,19 @@ def test_readme_install_then_the_in_server_line_works_from_the_folder_holding_th
     can = ("import importlib.util as u, setuptools; raise SystemExit(not (u.find_spec('wheel') or "
            "u.find_spec('setuptools.command.bdist_wheel')))")
     local = subprocess.run([py, "-c", can], capture_output=True, timeout=60).returncode == 0
+    if not local and _lend_setuptools(py, tmp_path / "lent"):
+        # a 3.12+ venv has no setuptools, and pip's isolated build fetches one from the index, which a machine
+        # without network cannot reach (a GPU box): the venv builds with this interpreter's setuptools
+        local = subprocess.run([py, "-c", can], capture_output=True, timeout=60).returncode == 0
     cp = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps",
                          *(["--no-build-isolation", "--no-index"] if local else []), *install],
                         cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    if cp.returncode and not local and "No matching distribution found for setuptools" in cp.stderr:
+        pytest.skip("no setuptools here to build with, and no package index reachable for pip's isolated "
+                    "build to fetch one: the README's install cannot be shown on this machine")
     assert cp.returncode == 0, cp.stderr[-2000:]
+    for pth in Path(_purelib(py)).glob("commdiag-test-lent-*.pth"):
+        pth.unlink()  # the server's venv as it was, plus commdiag
     # `python -c` puts the current folder first on sys.path, as `python -m server ...` does
     cp = subprocess.run([py, "-c", line], cwd=parent, env=env, capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0 and "AttributeError" not in cp.stderr, cp.stderr
@@ -277,13 +311,17 @@ def test_detect_explains_a_shadowed_sitecustomize_like_doctor(tmp_path):
     (site / "extra.pth").write_text(f"{extra}\n")  # appended to sys.path: after site-packages, so shadowed
     cp = run_cli("detect", "--python", py)
     lines = cp.stdout.splitlines()
-    # the path after its label, or on the next line when the two do not fit 100 columns together
-    shadowed = f"    SHADOWED (will not load): {extra / 'sitecustomize.py'}"
-    if len(shadowed) > 100:
-        at = lines.index("    SHADOWED (will not load):") + 1
-        assert lines[at].strip() == str(extra / "sitecustomize.py")
-    else:
-        at = lines.index(shadowed)
+    # the path after its label, or on the next line when the two do not fit 100 columns together; where the
+    # interpreter's standard library ships a sitecustomize (Debian, Ubuntu), the venv's own is listed too
+    label = "    SHADOWED (will not load):"
+    shadowed = {}  # path -> index of the line that ends its entry (the explanation follows)
+    for n, l in enumerate(lines):
+        if l == label:
+            shadowed[lines[n + 1].strip()] = n + 1
+        elif l.startswith(label + " "):
+            shadowed[l[len(label):].strip()] = n
+    assert str(extra / "sitecustomize.py") in shadowed, lines
+    at = shadowed[str(extra / "sitecustomize.py")]
     explained = []
     for l in lines[at + 1:]:
         if not l.startswith("      "):
@@ -311,12 +349,14 @@ def test_detect_says_why_the_topology_is_missing_once():
 
 def test_doctor_and_detect_text_fits_100_columns():
     rec = REPO / "tests" / "fixtures" / "h200x2-nvlink" / "nvml-readings.json"
+    out = {}
     for args in (("doctor", "--nvml-replay", rec, "--expect", "NCCL_PROTO=LL"), ("detect", "--nvml-replay", rec)):
         cp = cli(*args, env=clean_env())
+        out[args[0]] = cp.stdout
         # a single path longer than a line is left whole; everything with a space in it is wrapped
         long = [l for l in cp.stdout.splitlines() if len(l) > 100 and " " in l.strip()]
         assert not long, long
-    doc = cli("doctor", "--nvml-replay", rec, "--expect", "NCCL_PROTO=LL", env=clean_env()).stdout.splitlines()
+    doc = out["doctor"].splitlines()
     at = next(n for n, l in enumerate(doc) if l.startswith("           do: export it where the workers start"))
     assert doc[at + 1].startswith("               ")  # continuation aligned under the text
 

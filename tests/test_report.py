@@ -340,3 +340,38 @@ def test_log_axes_label_every_tick_in_full_and_the_report_links_the_docs(tmp_pat
     for term, anchor in report.TERMS:
         assert f'<a id="{anchor}"></a>' in glossary, anchor  # every term the report links has its entry
         assert f'glossary.md#{anchor}">{term}</a>' in dom
+
+
+def test_without_plotly_a_finished_run_keeps_its_verdicts_and_profiles_and_says_how_to_get_the_report(
+        tmp_path, monkeypatch, capsys):
+    """A server's venv installed without commdiag's dependencies may lack plotly: the launches are done, so
+    the sweep's end still gives the verdicts and profiles, and its report line says what to install;
+    ``commdiag report`` says the same as one error (exit 2), in a real child where plotly cannot import."""
+    import sys
+    from types import SimpleNamespace
+
+    from commdiag import cli
+
+    sizes = [4096, 65536, 1048576]
+    table = {"default": {s: [10.0, 10.3, 9.9] for s in sizes}, "fast": {s: [8.0, 8.2, 7.9] for s in sizes}}
+    run_dir = make_run(tmp_path / "run", table, configs={"default": {}, "fast": {"NCCL_PROTO": "LL"}})
+    add_stage2(run_dir, {"default": 10.0, "fast": 8.0})
+    monkeypatch.setitem(sys.modules, "plotly.offline", None)  # `from plotly.offline import ...` fails
+    pub = report.publish(run_dir)
+    assert pub.report is None and not (run_dir / "report.html").exists()
+    assert pub.report_note == f"not written: plotly is not installed here (pip install plotly); then  " \
+                              f"commdiag report {run_dir}"
+    assert "profile.env" in pub.profiles and (run_dir / "profile.env").is_file()  # the certified winner's
+    with pytest.raises(SystemExit) as ended:
+        cli._finish_run(SimpleNamespace(run_dir=run_dir, state="complete", counts={"ok": 1}, all_ok=True), False)
+    assert ended.value.code == 0  # the sweep succeeded: only its page is missing
+    out = words(capsys.readouterr().out)
+    assert "report: not written: plotly is not installed here (pip install plotly)" in out
+    assert "fast" in out and "profiles: " in out
+    hidden = tmp_path / "no-plotly" / "plotly"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('plotly is hidden by this test')\n")
+    proc = run_cli("report", run_dir, env={"PYTHONPATH": str(hidden.parent)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert one_message(proc.stderr) == "commdiag: error: report.html needs plotly: plotly is not installed " \
+                                       "here (pip install plotly)"

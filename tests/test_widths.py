@@ -107,9 +107,30 @@ def test_json_output_is_never_wrapped(tmp_path):
     assert data["format"] == "commdiag-verdicts"
 
 
+@pytest.fixture(scope="module")
+def library_probe_once():
+    """doctor asks which libnccl this interpreter loads: a real child that imports torch, seconds each
+    time.  The three recordings' reports differ in the replayed GPUs, not in that answer, so the first
+    real probe (per worker) serves them all; test_ncclib.py tests the probe itself."""
+    from commdiag.environment import ncclib
+
+    real, seen = ncclib.probe, {}
+
+    def probe(python=None, env=None, **kw):
+        key = (python, None if env is None else tuple(sorted(env.items())), tuple(sorted(kw.items())))
+        if key not in seen:
+            seen[key] = real(python, env, **kw)
+        return seen[key]
+
+    return probe
+
+
 @pytest.mark.parametrize("recording", ["h200x1/detect.json", "h200x2-nvlink/nvml-readings.json",
                                        "h200x2-nvlink/detect-live.json"])
-def test_detect_and_doctor_on_gpu_recordings_fit_100_columns(recording):
+def test_detect_and_doctor_on_gpu_recordings_fit_100_columns(recording, library_probe_once, monkeypatch):
+    from commdiag.environment import ncclib
+
+    monkeypatch.setattr(ncclib, "probe", library_probe_once)
     path = REPO / "tests" / "fixtures" / recording
     for command in ("detect", "doctor"):
         code, out, err = _invoke(command, "--nvml-replay", path)

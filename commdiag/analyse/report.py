@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__, linewrap
-from ..errors import terminal_safe, text_lines as _lines
+from ..errors import CommdiagError, terminal_safe, text_lines as _lines
 from . import celltime, machinereport, stats, verdict
 from ..measure import collectives
 from ..formats import results
@@ -117,9 +117,24 @@ def doc_link(page: str, anchor: str | None = None, text: str | None = None) -> s
     return f'<a href="{esc(target.as_uri() + ("#" + anchor if anchor else ""))}">{shown}</a>'
 
 
-def plotly_js() -> str:
-    from plotly.offline import get_plotlyjs
+PLOTLY_MISSING = "plotly is not installed here (pip install plotly)"
 
+
+def plotly_missing() -> str | None:
+    """Why report.html cannot be written here (None: it can): the page embeds plotly.js from the plotly
+    package, which a server's venv installed without commdiag's dependencies may lack."""
+    try:
+        from plotly.offline import get_plotlyjs  # noqa: F401
+    except ImportError:
+        return PLOTLY_MISSING
+    return None
+
+
+def plotly_js() -> str:
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        raise CommdiagError(f"report.html needs plotly: {PLOTLY_MISSING}") from None
     return get_plotlyjs()
 
 
@@ -616,9 +631,10 @@ def _overhead_section(run: dict) -> str:
 
 @dataclass(frozen=True)
 class Published:
-    report: Path
+    report: Path | None  # None: not written (report_note says why)
     verdicts: verdict.Verdicts
     profiles: tuple[str, ...]  # profile files written (names in the run folder)
+    report_note: str | None = None
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, data: results.RunData | None = None,
@@ -659,6 +675,11 @@ def publish(run_dir: str | Path, data: results.RunData | None = None) -> Publish
     """The end of a sweep: verdicts, report.html and the certified winners' profiles (``data``: the
     run folder already loaded)."""
     data = data or results.load_run(run_dir)
+    missing = plotly_missing()
+    if missing:  # the launches are done and saved: the verdicts and profiles need no plotly
+        verdicts = verdict.evaluate_run(data)
+        note = f"not written: {missing}; then  commdiag report {run_dir}"
+        return Published(None, verdicts, write_profiles(run_dir, verdicts, data.run), note)
     path, verdicts = write_report(run_dir, data=data)
     return Published(path, verdicts, write_profiles(run_dir, verdicts, data.run))
 

@@ -81,11 +81,47 @@ def libnccl_version(path: str) -> str | None:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
+def torch_build(folder: str | None = None) -> tuple[str, str | None] | None:
+    """(version, CUDA version or None) of the torch this interpreter would import (or of the torch package
+    in ``folder``), as its torch/version.py states them, read without importing torch (seconds on a busy
+    machine, for a CPU build that has no NCCL to ask for anyway); None where there is no torch or that
+    file does not read as expected."""
+    import ast
+
+    if folder is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        folder = next(iter(spec.submodule_search_locations))
+    path = os.path.join(folder, "version.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(100_000))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    found = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id in ("__version__", "cuda") and node.value is not None:
+            try:
+                found[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+    version, cuda = found.get("__version__"), found.get("cuda", "")
+    if not isinstance(version, str) or not (cuda is None or isinstance(cuda, str)) or cuda == "":
+        return None
+    return version, cuda
+
+
 def collect_versions(topo: Topology, *, with_torch: bool = True) -> dict:
     out: dict = {"python": platform.python_version(), "python_executable": sys.executable,
                  "driver": topo.driver, "cuda_driver": topo.cuda_driver, "torch": None, "torch_cuda": None,
                  "nccl": None, "nccl_source": None}
-    if with_torch and importlib.util.find_spec("torch") is not None:
+    build = torch_build() if with_torch and "torch" not in sys.modules else None
+    if build is not None and build[1] is None:  # a CPU build: no NCCL in it, and no import needed to know
+        out["torch"] = build[0]
+    elif with_torch and importlib.util.find_spec("torch") is not None:
         try:
             import torch
 

@@ -8,7 +8,8 @@ loads that file, so one process can hold two NCCLs.
 
 ``probe(python)`` starts the interpreter isolated (``-I``: no current folder, no PYTHON* variables,
 no user site) through pyprobe's runner (bounded time and output, its process group killed after),
-imports torch there as a server does, and reports per library the version (``ncclGetVersion``) and
+imports torch there as a server does (a CPU build, which has no NCCL, is known from its
+torch/version.py without the import), and reports per library the version (``ncclGetVersion``) and
 the file it was loaded from (the mapping that holds ``ncclGetVersion``, from /proc/self/maps).  As
 root, nothing another user can change is run or loaded: the probe does not start when the interpreter,
 an LD_PRELOAD entry or an LD_LIBRARY_PATH folder is not root's alone, and a ``*_NCCL_SO_PATH`` file
@@ -76,7 +77,32 @@ def loaded(label, name):
         if lo <= addr < hi:
             entry["path"] = path
     return entry
-try:
+def cpu_torch():
+    # torch's version when its torch/version.py says it is a CPU build: no NCCL to map, so no import
+    # (seconds); anything unexpected: None, and torch is imported as a server does
+    import ast, importlib.util
+    try:
+        spec = importlib.util.find_spec("torch")
+        folder = list(spec.submodule_search_locations)[0]
+        with open(os.path.join(folder, "version.py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read(100000))
+        found = {}
+        for node in tree.body:
+            t = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                else getattr(node, "target", None)
+            if isinstance(t, ast.Name) and t.id in ("__version__", "cuda", "hip") and node.value is not None:
+                found[t.id] = ast.literal_eval(node.value)
+        version = found.get("__version__")
+        if isinstance(version, str) and "cuda" in found and found["cuda"] is None and found.get("hip") is None:
+            return version
+    except Exception:
+        pass
+    return None
+def torch_info():
+    cpu = cpu_torch()
+    if cpu is not None:
+        out["torch"], out["torch_cuda"] = cpu, None
+        return
     try:
         import torch
         out["torch"] = torch.__version__
@@ -90,6 +116,8 @@ try:
     except Exception as e:
         out["torch"] = None
         out["torch_error"] = "%s: %s" % (type(e).__name__, str(e)[:200])
+try:
+    torch_info()
     nccl = re.compile(r"/libnccl\.so(\.[0-9]+)*$")
     for path in sorted({p for _, _, p in maps() if nccl.search(p)}):
         out["libs"].append(loaded("torch", path))  # mapped by torch's import: no new code runs
