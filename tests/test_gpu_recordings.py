@@ -182,7 +182,7 @@ def test_gpu_aa_with_confirmation_re_judged_paired_never_certifies_the_twin(tmp_
     assert "seed vs default, prefill band (graph): not certifiable with this plan, keep NCCL defaults" in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 100
     data = json.loads(run_cli("report", run_dir, "--json").stdout)
-    assert data["format"] == "commdiag-verdicts" and data["version"] == verdict.VERDICTS_VERSION == 3
+    assert data["format"] == "commdiag-verdicts" and data["version"] == verdict.VERDICTS_VERSION == 4
 
 
 def test_gpu_nvlink2_with_confirmation_keeps_defaults_and_costs_1_31x_screening():

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from commdiag.cli import main
-from conftest import REPO, assert_fits, run_cli
+from conftest import REPO, assert_fits, run_cli, words
 
 RUNS = sorted(p.parent for base in (REPO / "benchmarks", REPO / "tests" / "fixtures" / "runs")
               for p in base.rglob("run.json"))
@@ -139,8 +139,9 @@ def test_detect_and_doctor_on_gpu_recordings_fit_100_columns(recording, library_
 
 
 def test_tuner_rules_of_a_recorded_run_fit_100_columns(tmp_path):
+    # judged paired by trial, its 8 trials reach no per-size threshold: the notes say why, every line fits
     code, out, err = _invoke("tuner", "rules", REPO / "benchmarks" / "h200x2-2026-11-30-tuner" / "tuner-sizes")
-    assert code == 0 and "coll=allreduce" in out, err
+    assert code == 0 and "no certified per-size winner" in out and "(12 needed)" in words(out), err
     assert not _long(out) and not _long(err), _long(out) + _long(err)
 
 
