@@ -146,6 +146,16 @@ SLOW = (
     "test_sweep.py::test_reuse_process_keeps_finished_runs",
     "test_sweep.py::test_two_torchrun_agents",
     "test_sweep.py::test_teardown_hang",
+    "test_sweep.py::test_a_sweep_started_with_sigint_ignored_can_still_be_interrupted",
+    # fault paths of real process trees (20-40 s each on 2 cores): a dirty launch server falling back to
+    # torchrun, and ab killed with SIGKILL mid-launch; test_forkserver's server-kill test stays in the
+    # README's set as the fork server's own fault test
+    "test_forkserver.py::test_a_server_that_is_not_clean_refuses",
+    "test_ab.py::test_kill_9_mid_launch_then_resume",
+    # four sweeps (two per launch method) for one ratio: the CI check of the fork server's CPU benchmark
+    "test_forkserver.py::test_forkserver_sweep_takes_at_most_70_percent_of_torchrun_time",
+    # a 50-config x 20-size report drawn in chromium (about 30 s of CPU)
+    "test_report.py::test_large_report_stays_lean",
 )
 
 

@@ -208,16 +208,12 @@ def test_large_report_stays_lean_and_opens_quickly(tmp_path):
         table[f"PROTO=LL,ALGO=Ring,NCHANNELS={i}"] = {s: [(10 + s / 1e5) * rng.uniform(0.8, 1.2) for _ in range(3)]
                                                       for s in sizes}
     run_dir = make_run(tmp_path / "run", table, iters=20)
-    start = time.monotonic()
     path, _ = report.write_report(run_dir)
-    build_s = time.monotonic() - start
     text = path.read_text()
     data_part = len(text) - len(report.plotly_js())
     assert data_part < 1_500_000, f"report data is {data_part} bytes: plots must carry launch medians, not samples"
-    assert build_s < 30
-    dom, console, elapsed = render(path, tmp_path, budget_ms=30000)
+    dom, console, _ = render(path, tmp_path, budget_ms=30000)  # its time: benchmarks/ (no timed tests)
     assert_drawn(dom, console, expected=7)
-    assert elapsed < 60, f"chromium took {elapsed:.1f}s to open and draw the report"
 
 
 def test_publish_writes_a_loadable_profile_for_a_certified_winner_and_removes_it_when_gone(tmp_path):
