@@ -47,7 +47,7 @@ def test_one_file_per_rank_and_the_json_envelope(tmp_path):
     cp = run_cli("explain", "--json", *[a for f in files for a in ("--log", f)])
     assert cp.returncode == 0, cp.stderr
     data = json.loads(cp.stdout)
-    assert (data["format"], data["version"]) == ("commdiag-nccl-log", 1)
+    assert (data["format"], data["version"]) == ("commdiag-nccl-log", 2)
     assert [p["pid"] for p in data["processes"]] == [662, 663]
     assert [(p["src"], p["dst"], p["cell"]) for p in data["transports"]["pairs"]] == [("0", "1", "P2P"),
                                                                                     ("1", "0", "P2P")]

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from ..errors import terminal_safe
 from . import logread, ncclog, transports, tunerlog
 
-LOG_FORMAT, LOG_VERSION = "commdiag-nccl-log", 1
+# 2: a log with a multi-node communicator keys transports by rank/GPU ("r8/GPU0"); 1 folded them by GPU index
+LOG_FORMAT, LOG_VERSION = "commdiag-nccl-log", 2
 CLIP = 300  # characters of one value/message kept in the report (a hostile log's 64 KB line is not)
 
 
