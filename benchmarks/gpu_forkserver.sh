@@ -10,11 +10,7 @@
 #      confirmation) once per method, then `commdiag compare` of the two runs, and both sweeps' walls.
 # NVLink multicast stays off everywhere: never sweep NVLS on shared machines.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # plotly is not installed there: carried wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/gpu_env.sh"  # multicast off, carried wheels, this checkout first
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 G=/tmp/gpu-fs; mkdir -p $G
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-470} ))

@@ -10,11 +10,7 @@
 #   BUDGET_S=560 bash benchmarks/gpu_paired_aa.sh     # call again on the same warm machine to continue
 # Needs: 2 GPUs (nvidia-h200-x2), torch with CUDA; leaves $OUT/gpu-paired.tgz (run folder, console, rc).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # plotly is not installed there: carried wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/gpu_env.sh"  # multicast off, carried wheels, this checkout first
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 G=/tmp/gpu-paired; mkdir -p $G
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-560} ))

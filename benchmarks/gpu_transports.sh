@@ -14,11 +14,7 @@
 # The logs under transports/logs/ are what tests/fixtures/transports/ should hold as real recordings.
 # NVLink multicast stays off everywhere.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # plotly is not installed there: carried wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/gpu_env.sh"  # multicast off, carried wheels, this checkout first
 OUT=${OUT:-/tmp/out}; T=/tmp/transports; rm -rf $T; mkdir -p "$OUT" $T/logs $T/explain
 NPROC=${NPROC:-2}
 finish() {

@@ -13,11 +13,7 @@
 #   tuner      per-size certified PROTO x ALGO sweep -> tuner rules -> default vs tuned (certified per size),
 #              with and without NCCL_P2P_DISABLE=1
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # plotly is not installed there: carried wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+. "$(dirname "$0")/gpu_env.sh"  # multicast off, carried wheels, this checkout first
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-560} )); G=/tmp/gpu; mkdir -p $G
 left() { echo $(( DEADLINE - $(date +%s) )); }
