@@ -10,7 +10,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from commdiag.analyse import certify, report, stats, verdict
 from commdiag.formats import profile, results
+import browser
 from conftest import run_cli, one_message, words
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
@@ -34,21 +34,13 @@ def chromium() -> str:
     pytest.skip("chromium not installed (apt-get install chromium); CI requires it")
 
 
-def render(html_file: Path, tmp_path: Path, budget_ms: int = 20000) -> tuple[str, list[str], float]:
-    """Load the file in headless Chromium; return (DOM after scripts ran, console lines, seconds)."""
+def render(html_file: Path, budget_ms: int = 20000) -> tuple[str, list[str], float]:
+    """Load the file in headless Chromium (one per test process: tests/browser.py); return (DOM after
+    scripts ran, console messages and uncaught exceptions, seconds)."""
     exe = chromium()
-    profile_dir = tmp_path / "chromium-profile"
-    argv = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile_dir}",
-            "--enable-logging=stderr", "--v=0", f"--virtual-time-budget={budget_ms}", "--dump-dom",
-            html_file.resolve().as_uri()]
     start = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
-    elapsed = time.monotonic() - start
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    # Every console message (log, warning, error, uncaught exception) is an INFO:CONSOLE line.
-    console = [l for l in proc.stderr.splitlines() if ":CONSOLE" in l]
-    return proc.stdout, console, elapsed
+    dom, console = browser.load(exe, html_file.resolve().as_uri(), budget_ms)
+    return dom, console, time.monotonic() - start
 
 
 def assert_drawn(dom: str, console: list[str], expected: int) -> None:
@@ -155,7 +147,7 @@ def test_report_of_a_real_cpu_run_draws_every_plot(tmp_path):
     proc = run_cli("report", run_dir)
     assert proc.returncode == 0, proc.stderr
     assert "screening (stage 1: estimates, not verdicts" in proc.stdout and "report:" in proc.stdout
-    dom, console, _ = render(run_dir / "report.html", tmp_path)
+    dom, console, _ = render(run_dir / "report.html")
     assert_drawn(dom, console, expected=3)  # gloo: eager only -> latency, busbw, screening heatmap
     assert "screening only" in dom and "Certified answer" in dom
     # every time in the HTML itself with its spread and launch count, not only on hover
@@ -188,7 +180,7 @@ def test_report_with_both_modes_failures_and_a_hostile_label(tmp_path):
     # The raw file: the hostile string never appears unescaped, in HTML or in the plot JSON.
     assert HOSTILE not in text and "<img src=x" not in text
     assert "&lt;img src=x" in text
-    dom, console, _ = render(path, tmp_path)
+    dom, console, _ = render(path)
     assert_drawn(dom, console, expected=8)  # stage 2 + 3 per mode x 2 modes + graph-vs-eager
     assert not re.search(r"<body[^>]*data-pwned", dom) and 'data-pwned="' not in dom  # no script ran
     assert "<img src=\"x\"" not in dom and "<img src=x" not in dom
@@ -212,7 +204,7 @@ def test_large_report_stays_lean_and_opens_quickly(tmp_path):
     text = path.read_text()
     data_part = len(text) - len(report.plotly_js())
     assert data_part < 1_500_000, f"report data is {data_part} bytes: plots must carry launch medians, not samples"
-    dom, console, _ = render(path, tmp_path, budget_ms=30000)  # its time: benchmarks/ (no timed tests)
+    dom, console, _ = render(path, budget_ms=30000)  # its time: benchmarks/ (no timed tests)
     assert_drawn(dom, console, expected=7)
 
 
@@ -269,7 +261,7 @@ def test_report_of_a_real_run_with_crashed_and_incorrect_launches(tmp_path):
     assert set(v.excluded) == {"crash", "wrongsum"}
     assert {c.config for c in v.screening.cells} == {"aa"}  # crashed and incorrect launches are not timed
     path, _ = report.write_report(run_dir, tmp_path / "elsewhere.html")
-    dom, console, _ = render(path, tmp_path)
+    dom, console, _ = render(path)
     assert_drawn(dom, console, expected=3)
     n_bad = sum(l["status"] in ("failed", "incorrect") for l in data.run["launches"])
     assert n_bad == 4 and f"Failed, timed-out and incorrect launches ({n_bad})" in dom
@@ -324,7 +316,7 @@ def test_heatmap_colours_only_certified_differences_and_greys_estimates(tmp_path
 def test_log_axes_label_every_tick_in_full_and_the_report_links_the_docs(tmp_path):
     run_dir = copy_run("cpu-aa-b", tmp_path / "run")
     path, _ = report.write_report(run_dir)
-    dom, console, _ = render(path, tmp_path)
+    dom, console, _ = render(path)
     assert_drawn(dom, console, expected=3)
     latency = dom.split('id="latency-eager"', 1)[1].split("<h3>", 1)[0]
     labels = re.findall(r'class="[xy]tick"><text[^>]*>([^<]*)</text>', latency)

@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from ..analyse import paired, stats
+from ..analyse import exact, paired, stats
 
 SIM_DRAWS = 1000
 SIM_MAX = 40
@@ -135,8 +135,6 @@ def _needed(sd: float | None, effect: float, delta: float, tail: float) -> int |
 
 @lru_cache(maxsize=512)
 def rounds_for(sd: float, effect: float, edge_up: float, edge_down: float, tail: float) -> int | None:
-    from scipy.stats import norm
-
     n0 = max(2, paired.rounds_to_reach(2 * tail, stats.TWO_SIDED))
     equivalence = effect < edge_up
     margin = (edge_up - effect) if equivalence else (effect - edge_up)
@@ -144,7 +142,7 @@ def rounds_for(sd: float, effect: float, edge_up: float, edge_down: float, tail:
         return None  # the effect sits on the margin: no number of rounds decides it reliably
     if sd <= 0:
         return n0
-    z = norm.isf(tail) + norm.ppf(1 - (1 - TARGET) / (2 if equivalence and effect == 0 else 1))
+    z = exact.normal_isf(tail) + exact.normal_ppf(1 - (1 - TARGET) / (2 if equivalence and effect == 0 else 1))
     rough = math.pi / 3 * (z * sd / margin) ** 2
     if rough > 10 ** 7:
         return None
@@ -188,12 +186,10 @@ def drift(values: list[tuple[int, float]], min_effect: float) -> str | None:
     with p < 1%, and the last third's median differing from the first third's by more than
     min_effect.  Paired rounds keep the verdicts valid; the drift is named so nobody reads the
     early numbers as the baseline."""
-    from scipy.stats import spearmanr
-
     if len(values) < 6:
         return None
     vals = [v for _, v in sorted(values)]
-    rho, p = spearmanr(range(len(vals)), vals)
+    rho, p = exact.spearman(range(len(vals)), vals)
     k = len(vals) // 3
     first, last = stats.median(vals[:k]), stats.median(vals[-k:])
     if p is not None and p < 0.01 and abs(last / first - 1) > min_effect:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from .exact import normal_cdf, normal_isf, normal_ppf
 from .stats import LESS, MIN_EFFECT, POWER, TWO_SIDED
 
 ZERO_TOL = 1e-12  # |d| (ln units) below this is a zero; |d| closer than this are tied
@@ -255,8 +256,6 @@ def power(sd: float, effect: float, threshold: float, alternative: str, n: int, 
     """About the chance that n rounds certify a true effect of ``effect`` (ln, > 0: that much faster)
     when the round log-ratios have sd ``sd``: p <= threshold, and (``practical``) the Hodges-Lehmann
     ratio <= 0.97.  Two-sided claims count the side of the effect (the other is negligible)."""
-    from scipy.stats import norm
-
     tail = threshold / 2 if alternative == TWO_SIDED else threshold
     if sd <= 0:
         reach = smallest_p(n, alternative) <= threshold
@@ -268,17 +267,15 @@ def power(sd: float, effect: float, threshold: float, alternative: str, n: int, 
             return 0.0
         p_test = _test_power(z, n, c)
     else:  # large n: the normal approximation at the signed-rank test's efficiency 3/pi
-        p_test = float(norm.cdf(math.sqrt(3 * n / math.pi) * z - norm.isf(tail)))
+        p_test = float(normal_cdf(math.sqrt(3 * n / math.pi) * z - normal_isf(tail)))
     if not practical:
         return p_test
-    p_rule = float(norm.cdf((effect - FASTER_EDGE) / (sd * math.sqrt(math.pi / (3 * n)))))
+    p_rule = float(normal_cdf((effect - FASTER_EDGE) / (sd * math.sqrt(math.pi / (3 * n)))))
     return p_test * p_rule
 
 
 @lru_cache(maxsize=4096)
 def _rounds_for_power(sd: float, effect: float, threshold: float, alternative: str, practical: bool) -> int | None:
-    from scipy.stats import norm
-
     n0 = rounds_to_reach(threshold, alternative)
     if sd <= 0:
         return n0
@@ -286,7 +283,7 @@ def _rounds_for_power(sd: float, effect: float, threshold: float, alternative: s
         return None  # the estimate sits on the 3% rule: at most about half the runs clear it
     # the asymptotic answer first: when it is far beyond the simulated range, it is the answer
     tail = threshold / 2 if alternative == TWO_SIDED else threshold
-    za, zb = norm.isf(tail), norm.ppf(POWER)
+    za, zb = normal_isf(tail), normal_ppf(POWER)
     rough = math.pi / 3 * ((za + zb) * sd / effect) ** 2
     if practical:
         rough = max(rough, math.pi / 3 * (zb * sd / (effect - FASTER_EDGE)) ** 2)

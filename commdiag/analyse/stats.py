@@ -24,10 +24,10 @@ rank test on launch values, for launches that are exchangeable as a whole:
 two-state, rare slow launches, heavy tails) when, under "no difference", the
 launches of the two arms are exchangeable.  Its price is a floor on the p-value:
 with k launches per arm the smallest attainable one-sided p is 1/C(2k,k) (0.05 at
-k=3, 0.0022 at k=6).  scipy provides the exact distribution
-(``mannwhitneyu(method="exact")``, vectorised over claims); the Hodges-Lehmann
-estimate (median of pairwise differences) is the matching effect size, reported
-as a ratio of times.
+k=3, 0.0022 at k=6).  exact.py counts the exact distribution (scipy's
+``mannwhitneyu(method="exact")``'s, without importing scipy.stats; vectorised over
+claims); the Hodges-Lehmann estimate (median of pairwise differences) is the
+matching effect size, reported as a ratio of times.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def launch_values(samples, usable: set[int] | None = None, stages: dict[int, int
     """Per launch x size x mode, the trimmed mean of ln(time) (``samples`` is samples.csv as a DataFrame;
     ``stages``: launch index -> stage, 1 when absent)."""
     import numpy as np
-    from scipy.stats import trim_mean
+
+    from commdiag.analyse.exact import trim_mean
 
     if samples is None or len(samples) == 0:
         return []
@@ -100,12 +101,9 @@ def exp(v: float) -> float:
 def rank_test(x, y, alternative: str = TWO_SIDED):
     """Exact Wilcoxon-Mann-Whitney p of x against y (``less``: x tends to be smaller, i.e. faster).
     Vectorised: x and y may be 2-D (claims x launches); returns a float or an array."""
-    import numpy as np
-    from scipy.stats import mannwhitneyu
+    from commdiag.analyse.exact import mann_whitney_p
 
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    p = mannwhitneyu(x, y, alternative=alternative, method="exact", axis=-1).pvalue
-    return float(p) if np.ndim(p) == 0 else p
+    return mann_whitney_p(x, y, alternative)
 
 
 def hodges_lehmann(x, y):
@@ -138,14 +136,14 @@ def drift(values_by_round: list[tuple[int, float]]) -> tuple[float, float] | Non
     with fewer than 5 launches: a trend across rounds means the machine drifted during stage 2.
     Reported only: stage 2's paired test compares launches of the same round, so drift between
     rounds cannot bias it (paired.py)."""
-    from scipy.stats import spearmanr
+    from commdiag.analyse.exact import spearman
 
     if len(values_by_round) < 5:
         return None
     r, v = zip(*values_by_round)
     if len(set(v)) < 2 or len(set(r)) < 2:
         return None
-    rho, p = spearmanr(r, v)[:2]
+    rho, p = spearman(r, v)
     return float(rho), float(p)
 
 
