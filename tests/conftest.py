@@ -15,6 +15,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The suite starts hundreds of Python processes (the CLI, launch servers, workers, probes).  Where
+# PYTHONDONTWRITEBYTECODE is set (it is on this project's machines), each of them compiled commdiag
+# from source; with it unset, the first one writes the bytecode and the rest read it.  Tests about
+# bytecode set what they need in their own children's environment.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 
 def write_spec(path: Path, **overrides) -> Path:
     """A small gloo spec (2 ranks, 2 sizes, few iterations) with ``overrides`` applied."""
@@ -71,6 +78,8 @@ def spec_file(tmp_path):
 def _gpu_count() -> int:
     """CUDA GPUs visible to this test process (0 without torch or CUDA); read once."""
     global _GPUS
+    if _GPUS is None and not os.path.isdir("/proc/driver/nvidia/gpus"):
+        _GPUS = 0  # no NVIDIA driver loaded: no GPU, known without importing torch (4 s of CPU)
     if _GPUS is None:
         try:
             import torch
@@ -103,6 +112,8 @@ LONGEST_FIRST = (
     "test_step.py::test_real_cpu_step",
     "test_sweep.py::test_teardown_hang",
     "test_report.py::test_large_report_stays_lean",
+    "test_forkserver.py::test_kill_9_of_a_server_mid_launch",
+    "test_ab_machine.py::test_throttling_and_another_process",
     "test_compare.py::test_two_recorded_aa_runs_through_the_cli",
     "test_sweep.py::test_a_sweep_started_with_sigint_ignored",
     "test_report.py::test_report_of_a_real_cpu_run_draws_every_plot",

@@ -8,9 +8,16 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats as sp
 
 from commdiag.analyse import exact
+
+
+@pytest.fixture(scope="module")
+def sp():
+    """scipy.stats, imported when a test here runs, not when the suite is collected (2.8 s of CPU)."""
+    from scipy import stats
+
+    return stats
 
 
 def draws(rng, n, kind):
@@ -23,7 +30,7 @@ def draws(rng, n, kind):
 
 @pytest.mark.parametrize("alternative", ["less", "greater", "two-sided"])
 @pytest.mark.parametrize("kind", ["continuous", "ties", "constant"])
-def test_mann_whitney_p_is_scipys_exact_p(alternative, kind):
+def test_mann_whitney_p_is_scipys_exact_p(alternative, kind, sp):
     rng = np.random.default_rng(7)
     for n1 in range(1, 13):
         for n2 in (1, 2, 3, 5, 8, 13):
@@ -32,7 +39,7 @@ def test_mann_whitney_p_is_scipys_exact_p(alternative, kind):
             assert exact.mann_whitney_p(x, y, alternative) == pytest.approx(want, rel=1e-12, abs=1e-300)
 
 
-def test_mann_whitney_p_vectorised_over_claims_and_at_sizes_beyond_int64_counts():
+def test_mann_whitney_p_vectorised_over_claims_and_at_sizes_beyond_int64_counts(sp):
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(40, 9)), rng.normal(0.4, 1, size=(40, 7))
     got = exact.mann_whitney_p(x, y, "two-sided")
@@ -66,7 +73,7 @@ def test_u_tail_is_a_distribution():
 
 
 @pytest.mark.parametrize("kind", ["continuous", "ties"])
-def test_spearman_is_scipys_rho_and_p(kind):
+def test_spearman_is_scipys_rho_and_p(kind, sp):
     rng = np.random.default_rng(11)
     for n in (3, 5, 6, 9, 20, 41):
         x = np.arange(n, dtype=float)
@@ -80,7 +87,7 @@ def test_spearman_is_scipys_rho_and_p(kind):
     assert math.isnan(rho) and math.isnan(p)
 
 
-def test_trim_mean_is_scipys():
+def test_trim_mean_is_scipys(sp):
     rng = np.random.default_rng(5)
     for n in (1, 2, 5, 19, 20, 21, 100, 1001):
         a = rng.lognormal(size=n)
@@ -88,7 +95,7 @@ def test_trim_mean_is_scipys():
             assert exact.trim_mean(a, cut) == sp.trim_mean(a, cut)
 
 
-def test_normal_functions_match_scipy():
+def test_normal_functions_match_scipy(sp):
     for z in (-8.0, -2.5, -0.3, 0.0, 1.0, 3.7):
         assert exact.normal_cdf(z) == pytest.approx(sp.norm.cdf(z), rel=1e-13)
     for q in (1e-12, 1e-6, 0.005, 0.2, 0.5, 0.8, 0.995):

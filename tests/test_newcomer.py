@@ -182,25 +182,23 @@ def test_readme_install_then_the_in_server_line_works_from_the_folder_holding_th
         shutil.copy2(REPO / name, clone / name)
     shutil.copytree(REPO / "commdiag", clone / "commdiag", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     venv = tmp_path / "server-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # without its own pip (ensurepip costs 10 s of CPU here): this interpreter's pip installs into it
+    # (`pip --python`: the same pip run by the venv's python, so the venv's site-packages get the package)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = str(venv / "bin" / "python")
     env = {k: v for k, v in clean_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     # --no-deps: the server's venv has its own packages, and check_env needs none of commdiag's; built
-    # with the venv's own setuptools where it has one (no index needed), else in pip's isolated build
-    can = ("import importlib.util as u, setuptools; raise SystemExit(not (u.find_spec('wheel') or "
-           "u.find_spec('setuptools.command.bdist_wheel')))")
-    local = subprocess.run([py, "-c", can], capture_output=True, timeout=60).returncode == 0
-    if not local and _lend_setuptools(py, tmp_path / "lent"):
-        # a 3.12+ venv has no setuptools, and pip's isolated build fetches one from the index, which a machine
-        # without network cannot reach (a GPU box): the venv builds with this interpreter's setuptools
-        local = subprocess.run([py, "-c", can], capture_output=True, timeout=60).returncode == 0
-    cp = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps",
+    # with this interpreter's setuptools lent to the venv (no index needed; a machine without network
+    # cannot reach one), else in pip's isolated build
+    local = _lend_setuptools(py, tmp_path / "lent")
+    cp = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps",
                          *(["--no-build-isolation", "--no-index"] if local else []), *install],
                         cwd=clone, env=env, capture_output=True, text=True, timeout=300)
     if cp.returncode and not local and "No matching distribution found for setuptools" in cp.stderr:
         pytest.skip("no setuptools here to build with, and no package index reachable for pip's isolated "
                     "build to fetch one: the README's install cannot be shown on this machine")
     assert cp.returncode == 0, cp.stderr[-2000:]
+    assert subprocess.run([py, "-c", "import commdiag"], cwd=tmp_path, env=env, timeout=60).returncode == 0
     for pth in Path(_purelib(py)).glob("commdiag-test-lent-*.pth"):
         pth.unlink()  # the server's venv as it was, plus commdiag
     # `python -c` puts the current folder first on sys.path, as `python -m server ...` does

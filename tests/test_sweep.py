@@ -222,19 +222,28 @@ def test_marked_pids_finds_a_marked_child():
 
 def test_ranks_agree_on_one_batch_count(tmp_path):
     """Each rank estimates its own call time; the batch must be the same on every rank or
-    the ranks issue different numbers of collectives and hang (seen on 2x H200)."""
+    the ranks issue different numbers of collectives and hang (seen on 2x H200).  Two real gloo ranks,
+    forked from one process that imported torch once (as the fork server starts them)."""
     script = tmp_path / "agree.py"
     script.write_text(
         "import os, sys, torch, torch.distributed as dist\n"
         "from commdiag.measure.worker import make_agree\n"
-        "dist.init_process_group('gloo')\n"
-        "rank = dist.get_rank()\n"
-        "agree = make_agree(torch, dist, dist.new_group(backend='gloo'))\n"
-        "open(os.path.join(sys.argv[1], f'r{rank}'), 'w').write(str(agree(rank * 10 + 5)))\n"
-        "dist.destroy_process_group()\n")
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[2], WORLD_SIZE='2')\n"
+        "pids = []\n"
+        "for rank in (0, 1):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os.environ['RANK'] = str(rank)\n"
+        "        dist.init_process_group('gloo')\n"
+        "        agree = make_agree(torch, dist, dist.new_group(backend='gloo'))\n"
+        "        open(os.path.join(sys.argv[1], f'r{rank}'), 'w').write(str(agree(rank * 10 + 5)))\n"
+        "        dist.destroy_process_group()\n"
+        "        os._exit(0)\n"
+        "    pids.append(pid)\n"
+        "sys.exit(max(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) != 0 for p in pids))\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                         str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    cp = subprocess.run([sys.executable, str(script), str(tmp_path), str(free_port())], env=env,
+                        capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr[-2000:]
     assert [(tmp_path / f"r{r}").read_text() for r in (0, 1)] == ["15", "15"]
 
