@@ -6,11 +6,7 @@
 # Leaves $OUT/pytest-suite-gpu.txt (the summary and the 30 slowest tests) and $OUT/pytest-gpu-marker.txt.
 # NVLink multicast stays off everywhere: never sweep NVLS on shared machines.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # plotly (and pytest-xdist) may be missing there: carried wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/gpu_env.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version())'; nproc; } 2>&1 | tee "$OUT/versions.txt"
 start=$(date +%s)

@@ -145,14 +145,14 @@ LONGEST_FIRST = (
 SLOW = (
     "test_confirm.py::test_real_cpu_aa_through_both_stages",
     "test_tuner_rules.py::test_real_gloo_sweep_with_certify_sizes",
-    "test_widths.py::test_cpu_smoke_end_to_end",
     "test_step.py::test_real_cpu_step",
-    # test_sweep.py's real sweeps of 40-140 s each with -n 2 on 2 busy cores (2026-12-02): together about
-    # half of the suite's worker time.  Drop these lines when cheaper launches bring them to seconds.
-    "test_sweep.py::test_interrupt_then_resume",
+    # test_sweep.py's real fault sweeps, 10-60 s each with -n 2 on 2 cores (they wait on their deadlines
+    # whatever the launch method), and two 8-s sweeps (cpu-smoke's widths, reuse_process).  The smoke
+    # sweep came back to the README's set once a forkserver sweep took seconds (7 s, 2026-12-02).
+    "test_widths.py::test_cpu_smoke_end_to_end",
     "test_sweep.py::test_reuse_process_runs_per_communicator_settings",
+    "test_sweep.py::test_interrupt_then_resume",
     "test_sweep.py::test_second_sweep_in_a_folder",
-    "test_sweep.py::test_smoke_sweep",
     "test_sweep.py::test_hang_crash_and_wrong_launches",
     "test_sweep.py::test_reuse_process_keeps_finished_runs",
     "test_sweep.py::test_two_torchrun_agents",
@@ -189,6 +189,14 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """End this process's Chromium (tests/browser.py), if a test started one: an xdist worker may
+    leave without running atexit handlers."""
+    browser = sys.modules.get("browser")
+    if browser is not None:
+        browser.close()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
