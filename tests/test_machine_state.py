@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -262,3 +263,71 @@ def test_without_nvml_the_reason_is_said_once_per_run():
             return 0
 
     assert ms.Sampler(NoGpus()).describe() == {"available": False, "reason": "NVML sees no GPU on this machine"}
+
+
+class SlowNvml(nvmlreplay.ReplayNvml):
+    """A replay whose readings take a while, and which notes an nvmlShutdown that comes while a
+    reading is still inside it (on real NVML: the SIGSEGV seen on the 1x H200)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.inside, self.shut, self.shut_while_inside = 0, False, False
+
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        self.inside += 1
+        try:
+            time.sleep(0.3)
+            return 1980
+        finally:
+            self.inside -= 1
+
+    def nvmlShutdown(self):
+        self.shut = True
+        self.shut_while_inside = self.inside > 0
+
+
+def test_ctrl_c_during_the_first_reading_stops_the_thread_before_nvml_shuts_down():
+    nvml = SlowNvml(constructed(), "load")
+    sampler = ms.Sampler(nvml, owns_init=True)
+    before = set(threading.enumerate())
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            with sampler.watch():  # Ctrl-C arrives while __enter__ waits for the reading before
+                time.sleep(5)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, old)
+    sampler.close()
+    assert nvml.shut and not nvml.shut_while_inside
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "commdiag-machine-state"]
+
+
+def test_close_waits_for_a_reading_interrupted_in_the_launch_and_never_shuts_down_under_a_stuck_one(
+        monkeypatch):
+    nvml = SlowNvml(constructed(), "load")
+    sampler = ms.Sampler(nvml, owns_init=True, period_s=0.01)
+    w = sampler.watch()
+    w.__enter__()  # a launch whose __exit__ never ran (its wait was interrupted)
+    sampler.close()
+    assert nvml.shut and not nvml.shut_while_inside
+
+    monkeypatch.setattr(ms, "READ_DEADLINE_S", 0.3)
+    stuck = BlockingNvml(CAPTURE)
+    stuck.shut = False
+    stuck.nvmlShutdown = lambda: setattr(stuck, "shut", True)
+    BlockingNvml.release.clear()
+    sampler = ms.Sampler(stuck, owns_init=True)
+    try:
+        with sampler.watch():
+            pass
+        sampler.close()
+        assert not stuck.shut  # a thread still inside NVML: NVML stays up
+    finally:
+        BlockingNvml.release.set()
+    deadline = time.monotonic() + 10  # and once NVML answers, the thread ends: it does not poll on
+    while [t for t in threading.enumerate() if t.name == "commdiag-machine-state"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t for t in threading.enumerate() if t.name == "commdiag-machine-state"]

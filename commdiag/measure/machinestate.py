@@ -213,6 +213,7 @@ class Sampler:
         self.gpus: list[dict] = []
         self._skip: set = set()
         self._names: dict[int, str] = {}
+        self._watches: list["Watch"] = []  # whose reading thread may still be inside NVML
         if nvml is not None and reason is None:
             self._identify()
 
@@ -271,6 +272,13 @@ class Sampler:
         return Watch(self, is_own)
 
     def close(self) -> None:
+        """Stop every reading thread, then shut NVML down, never under a thread still inside it
+        (nvmlShutdown during another thread's NVML call crashed commdiag with SIGSEGV when Ctrl-C
+        came while a launch's first reading was under way)."""
+        live = [w for w in self._watches if w.halt()]
+        self._watches = []
+        if live:
+            return  # a thread stuck in NVML: leave NVML up; the process ends soon after anyway
         if self._owns_init and self.nvml is not None:
             try:
                 self.nvml.nvmlShutdown()
@@ -324,11 +332,25 @@ class Watch:
             return self
         t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="commdiag-machine-state", daemon=True)
+        self.sampler._watches.append(self)
         self._thread.start()
-        if not self._started.wait(READ_DEADLINE_S):
-            self._stuck("before")
+        try:
+            if not self._started.wait(READ_DEADLINE_S):
+                self._stuck("before")
+        except BaseException:  # Ctrl-C while the first reading is under way: __exit__ will not run
+            self.halt()
+            raise
         self.cost_s += time.perf_counter() - t0
         return self
+
+    def halt(self) -> bool:
+        """Ask the reading thread to stop and wait for it (at most READ_DEADLINE_S); True when it is
+        still running after that."""
+        if self._thread is None:
+            return False
+        self._stop.set()
+        self._thread.join(READ_DEADLINE_S)
+        return self._thread.is_alive()
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
@@ -352,12 +374,15 @@ class Watch:
             self._done.set()
 
     def __exit__(self, *exc) -> bool:
+        if self._thread is not None:
+            self._stop.set()  # always: a thread stuck in NVML ends when NVML answers again, not polls on
         if self._thread is not None and not self._done.is_set() and self.error is None:
             t0 = time.perf_counter()
-            self._stop.set()
             if not self._done.wait(READ_DEADLINE_S):
                 self._stuck("after")
             self.cost_s += time.perf_counter() - t0
+        if self._done.is_set() and self in self.sampler._watches:
+            self.sampler._watches.remove(self)  # out of NVML for good: close() need not wait for it
         return False
 
     def _stuck(self, when: str) -> None:
