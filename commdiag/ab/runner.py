@@ -37,6 +37,7 @@ from ..atomic import write_json
 from ..errors import CommdiagError, brief
 from ..formats.spec import launch_order
 from ..measure import launcher, machinestate, runlock
+from ..measure.launcher import Progress
 from . import presets, server
 from .spec import AbSpec
 
@@ -48,24 +49,12 @@ TAIL_CHARS = 2000
 NCCL_PROOF_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
 
 
-@dataclass
-class Progress:
-    done: int
-    total: int
-    launch: dict
-    eta_s: float | None
-
-
 @dataclass(frozen=True)
 class AbResult:
     run_dir: Path
     state: str  # complete | interrupted
     counts: dict[str, int]
     warnings: tuple[str, ...] = field(default=())
-
-
-def _utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def default_run_dir(spec: AbSpec, root: Path = Path("reports")) -> Path:
@@ -149,7 +138,7 @@ def new_run(spec: AbSpec) -> dict:
     seed = spec.seed if spec.seed is not None else random.SystemRandom().randrange(2 ** 31)
     return {
         "format": RUN_FORMAT, "version": RUN_FORMAT_VERSION, "commdiag_version": __version__,
-        "created_utc": _utc(), "finished_utc": None, "state": "running",
+        "created_utc": launcher.utc_now(), "finished_utc": None, "state": "running",
         "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(), "seed": seed,
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides} for c in spec.configs],
         "launches": [{"index": l.index, "config": l.config, "round": l.trial, "status": PENDING}
@@ -232,7 +221,7 @@ def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_prog
         interrupted = True
     run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
     run["state"] = "interrupted" if interrupted else "complete"
-    run["finished_utc"] = None if interrupted else _utc()
+    run["finished_utc"] = None if interrupted else launcher.utc_now()
     save(run_dir, run)
     counts: dict[str, int] = {}
     for l in run["launches"]:
@@ -257,7 +246,7 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
     folder.mkdir(parents=True)
     marker = launcher.new_marker()
     launch["marker"] = marker
-    launch["started_utc"] = _utc()
+    launch["started_utc"] = launcher.utc_now()
     save(run_dir, run)  # the marker is on disk before any process carries it
     subst = {"launch_dir": str(folder.resolve()), "python": sys.executable}
     uses_port = any("{port}" in a for a in (*spec.command, *(spec.server.command if spec.server else ()),

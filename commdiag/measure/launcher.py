@@ -13,6 +13,7 @@ also catches workers that left the group.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -26,6 +27,21 @@ from ..childpython import module_argv
 
 KILL_GRACE_S = 5.0  # torchrun forwards SIGTERM to its workers; give them this long to exit
 MARKER = "COMMDIAG_LAUNCH_ID"
+
+
+@dataclass
+class Progress:
+    """What the CLI's progress line shows after each launch (a sweep's and an ab run's)."""
+
+    done: int
+    total: int
+    launch: dict
+    eta_s: float | None
+
+
+def utc_now() -> str:
+    """The time stamps of run.json (created, finished, a launch's start)."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from .. import __version__, linewrap, metadata
 from ..analyse import certify, paired, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
 from . import launcher, machinestate, runlock, serverpool
+from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
 from ..formats.spec import Spec, launch_order
@@ -44,16 +45,6 @@ TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
 # Variables NCCL reads at every communicator's init (its tuning model), not once per process:
 # the only ones reuse_process may change inside a running process.
 PER_COMMUNICATOR = ("NCCL_PROTO", "NCCL_ALGO")
-
-
-@dataclass
-class Progress:
-    """What the CLI's progress line shows after each launch."""
-
-    done: int
-    total: int
-    launch: dict
-    eta_s: float | None
 
 
 @dataclass(frozen=True)
@@ -66,10 +57,6 @@ class SweepResult:
     @property
     def all_ok(self) -> bool:
         return self.state == "complete" and set(self.counts) <= {results.OK}
-
-
-def _utc() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def default_run_dir(spec: Spec, root: Path = Path("reports")) -> Path:
@@ -167,7 +154,7 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
     order = launch_order(spec, seed)
     return {
         "format": results.RUN_FORMAT, "version": results.RUN_FORMAT_VERSION,
-        "commdiag_version": __version__, "created_utc": _utc(), "finished_utc": None, "state": "running",
+        "commdiag_version": __version__, "created_utc": launcher.utc_now(), "finished_utc": None, "state": "running",
         "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
         "method": _method(spec),
@@ -415,7 +402,7 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -
         if plan.get("test") != certify.PAIRED_TEST:  # confirmed before the paired test: judged the paired way now
             plan.update(version=certify.CONFIRMATION_VERSION, test=certify.PAIRED_TEST,
                         upgraded_from=plan.get("version", 1))
-        certify.add_look(plan, rounds, _utc())
+        certify.add_look(plan, rounds, launcher.utc_now())
         _add_rounds(run, plan, spec, rounds)
         if on_plan:
             on_plan(_confirm_plan_text(run, plan, rounds))
@@ -457,7 +444,7 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
         if own_sampler:
             sampler.close()
     run["state"] = "interrupted" if interrupted else "complete"
-    run["finished_utc"] = None if interrupted else _utc()
+    run["finished_utc"] = None if interrupted else launcher.utc_now()
     results.save_run(run_dir, run)
     results.assemble(run_dir, run)
     counts: dict[str, int] = {}
@@ -543,7 +530,7 @@ def _plan_stage2(spec: Spec, run: dict, run_dir: Path, rounds: int | None) -> St
     claims = certify.plan_claims(scr, spec.confirm_configs)
     stage1 = sum(1 for l in run["launches"] if int(l.get("stage", 1)) == 1)
     alpha = stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA  # --certify-sizes spends the other half
-    plan = certify.confirmation_plan(claims, rounds, stage1, _utc(), alpha)
+    plan = certify.confirmation_plan(claims, rounds, stage1, launcher.utc_now(), alpha)
     plan["measure"] = _stage2_measure(spec, claims, scr.band_sizes)
     run["confirmation"] = plan
     run["version"] = results.RUN_FORMAT_VERSION
@@ -749,7 +736,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
             # unset in the config: what the user's environment has (None: unset), as a fresh launch would see
             "set_env": {k: configs[l["config"]]["env"].get(k, base_env.get(k)) for k in PER_COMMUNICATOR},
         } for l, f in zip(batch, folders)]
-    started = _utc()
+    started = launcher.utc_now()
     # The marker (COMMDIAG_LAUNCH_ID of this launch's processes) is in run.json before anything starts,
     # so a resume after kill -9 can find and end what this launch left running (runlock.reap_orphans).
     current = {"marker": starter.pool.marker if starter.pool else ""}
