@@ -13,6 +13,7 @@ and writes replies and events on fd 4, each message ended by a NUL byte.
 from __future__ import annotations
 
 import atexit
+import glob
 import json
 import os
 import select
@@ -37,13 +38,25 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--remote-debugging-pipe")
 
 
+PROFILE_PREFIX = "commdiag-test-chromium-"
+
+
 class BrowserError(RuntimeError):
     pass
 
 
+def _remove_stale_profiles() -> None:
+    """Profiles of test processes that are gone (a killed xdist worker runs no atexit handler)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), PROFILE_PREFIX + "*-*")):
+        pid = os.path.basename(path)[len(PROFILE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 class Browser:
     def __init__(self, exe: str):
-        self.profile = tempfile.mkdtemp(prefix="commdiag-test-chromium-")
+        _remove_stale_profiles()
+        self.profile = tempfile.mkdtemp(prefix=f"{PROFILE_PREFIX}{os.getpid()}-")
         cmd_r, cmd_w = os.pipe()
         resp_r, resp_w = os.pipe()
         argv = [sys.executable, "-c", _EXEC_WITH_PIPE_FDS, str(cmd_r), str(resp_w),
@@ -101,8 +114,11 @@ class Browser:
 
     # -------------------------------------------------------------- pages
     def load(self, uri: str, budget_ms: int, timeout: float = 180.0) -> tuple[str, list[str]]:
-        """(DOM after ``budget_ms`` of virtual time, console lines) of ``uri`` in a new tab."""
-        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        """(DOM after ``budget_ms`` of virtual time, console lines) of ``uri`` in a new tab of its own
+        browser context (an incognito-like profile: no storage or cookie of an earlier page)."""
+        context = self.call("Target.createBrowserContext")["browserContextId"]
+        target = self.call("Target.createTarget", {"url": "about:blank",
+                                                   "browserContextId": context})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         try:
             for domain in ("Runtime", "Log", "Page"):
@@ -121,6 +137,7 @@ class Browser:
         finally:
             self._events = [ev for ev in self._events if ev.get("sessionId") != session]
             self.call("Target.closeTarget", {"targetId": target})
+            self.call("Target.disposeBrowserContext", {"browserContextId": context})
         return dom, console
 
     def _log_tail(self) -> str:

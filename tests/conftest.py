@@ -78,8 +78,8 @@ def spec_file(tmp_path):
 def _gpu_count() -> int:
     """CUDA GPUs visible to this test process (0 without torch or CUDA); read once."""
     global _GPUS
-    if _GPUS is None and not os.path.isdir("/proc/driver/nvidia/gpus"):
-        _GPUS = 0  # no NVIDIA driver loaded: no GPU, known without importing torch (4 s of CPU)
+    if _GPUS is None and not any(os.path.exists(p) for p in GPU_SIGNS):
+        _GPUS = 0  # no GPU driver of any kind here: no GPU, known without importing torch (4 s of CPU)
     if _GPUS is None:
         try:
             import torch
@@ -91,6 +91,9 @@ def _gpu_count() -> int:
 
 
 _GPUS = None
+# Where a GPU driver shows itself: NVIDIA's kernel module, WSL2's GPU device, ROCm's.  With none of
+# them torch cannot see a GPU either; with any, torch is asked.
+GPU_SIGNS = ("/proc/driver/nvidia/gpus", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
 
 
 # The longest tests, longest first (from a --durations profile with -n 2 on 2 cores, 2026-12-02): each

@@ -117,3 +117,15 @@ def test_no_verdict_path_imports_scipy_stats():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_nan_propagates_as_in_scipy_and_the_cached_distribution_cannot_be_changed(sp):
+    x, y = [0.0, 1, 2, 3, 4, 5], [1.0, 2, math.nan, 4, 5, 6]
+    rho, p = exact.spearman(x, y)
+    assert math.isnan(rho) and math.isnan(p) and math.isnan(sp.spearmanr(x, y).pvalue)
+    assert math.isnan(exact.trim_mean([1.0, math.nan, 3, 4, 5], 0.2))
+    assert math.isnan(sp.trim_mean([1.0, math.nan, 3, 4, 5], 0.2))
+    tail = exact.u_tail(3, 3)
+    with pytest.raises(ValueError):
+        tail *= 0  # shared by every later call: read-only
+    assert exact.mann_whitney_p([4.0, 5, 6], [1.0, 2, 3], "less") == 1.0

@@ -331,3 +331,33 @@ def test_close_waits_for_a_reading_interrupted_in_the_launch_and_never_shuts_dow
     while [t for t in threading.enumerate() if t.name == "commdiag-machine-state"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [t for t in threading.enumerate() if t.name == "commdiag-machine-state"]
+
+
+def test_a_second_close_and_a_watch_whose_thread_never_started_are_safe(monkeypatch):
+    monkeypatch.setattr(ms, "READ_DEADLINE_S", 0.3)
+    stuck = BlockingNvml(CAPTURE)
+    stuck.shut = False
+    stuck.nvmlShutdown = lambda: setattr(stuck, "shut", True)
+    BlockingNvml.release.clear()
+    sampler = ms.Sampler(stuck, owns_init=True)
+    try:
+        with sampler.watch():
+            pass
+        sampler.close()
+        sampler.close()  # still stuck: NVML stays up however often close() is called
+        assert not stuck.shut
+    finally:
+        BlockingNvml.release.set()
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    nvml = SlowNvml(constructed(), "load")
+    sampler = ms.Sampler(nvml, owns_init=True)
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        with sampler.watch():
+            pass
+    monkeypatch.undo()
+    sampler.close()  # no join of a thread that never started
+    assert nvml.shut

@@ -363,3 +363,16 @@ def test_without_plotly_a_finished_run_keeps_its_verdicts_and_profiles_and_says_
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert one_message(proc.stderr) == "commdiag: error: report.html needs plotly: plotly is not installed " \
                                        "here (pip install plotly)"
+
+
+def test_every_page_loads_in_a_fresh_browser_context(tmp_path):
+    """tests/browser.py loads pages in one browser: nothing an earlier page stored reaches the next
+    (each hostile page is judged on its own)."""
+    (tmp_path / "set.html").write_text("<html><body><script>localStorage.setItem('k', '1');"
+                                       "document.cookie = 'c=1';</script></body></html>")
+    (tmp_path / "read.html").write_text(
+        "<html><body><script>document.body.setAttribute('data-ls', String(localStorage.getItem('k')));"
+        "document.body.setAttribute('data-cookie', document.cookie || 'none');</script></body></html>")
+    render(tmp_path / "set.html")
+    dom, console, _ = render(tmp_path / "read.html")
+    assert not console and 'data-ls="null"' in dom and 'data-cookie="none"' in dom

@@ -383,3 +383,25 @@ def test_a_sweep_started_with_sigint_ignored_can_still_be_interrupted(tmp_path, 
     run = read_run(out)
     assert run["state"] == "interrupted"
     assert not survivors(run)
+
+
+def test_preflight_finds_torchrun_as_source_or_bytecode_without_importing_torch(tmp_path, monkeypatch):
+    from importlib.machinery import ModuleSpec
+
+    from commdiag.errors import CommdiagError
+    from commdiag.formats.spec import load_spec
+    from commdiag.measure import sweep
+
+    spec = load_spec(write_spec(tmp_path / "s.yaml"))
+    pkg = tmp_path / "torch"
+    (pkg / "distributed").mkdir(parents=True)
+    torch_spec = ModuleSpec("torch", None, is_package=True)
+    torch_spec.submodule_search_locations = [str(pkg)]
+    monkeypatch.setattr(sweep.importlib.util, "find_spec", lambda name, *a: torch_spec if name == "torch" else None)
+    with pytest.raises(CommdiagError, match=r"torchrun \(torch.distributed.run\) is missing"):
+        sweep.preflight(spec)
+    (pkg / "distributed" / "run.pyc").write_bytes(b"")  # sourceless, as slimmed images ship it
+    assert sweep.preflight(spec) == 2
+    (pkg / "distributed" / "run.pyc").unlink()
+    (pkg / "distributed" / "run.py").write_text("")
+    assert sweep.preflight(spec) == 2

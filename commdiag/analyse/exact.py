@@ -23,10 +23,12 @@ _NORMAL = NormalDist()
 
 
 def trim_mean(a, proportion: float) -> float:
-    """Mean of the 1-D ``a`` after cutting int(proportion * n) values from each end."""
+    """Mean of the 1-D ``a`` after cutting int(proportion * n) values from each end (nan with a NaN)."""
     import numpy as np
 
-    a = np.asarray(a, dtype=float)
+    a = np.asarray(a, dtype=float).reshape(-1)
+    if np.isnan(a).any():
+        return math.nan  # as scipy: a NaN is not trimmed away
     low = int(proportion * a.shape[-1])
     high = a.shape[-1] - low
     if low > high:
@@ -58,7 +60,9 @@ def u_tail(n1: int, n2: int):
         counts = np.cumsum(grid, axis=0).reshape(-1)[:top + 1]  # over (1 - q^i): b[k] = a[k] + b[k-i]
     total = math.comb(m + n, m)
     tail = np.cumsum(counts[::-1])[::-1]
-    return np.array([int(c) / total for c in tail] + [0.0])
+    out = np.array([int(c) / total for c in tail] + [0.0])
+    out.flags.writeable = False  # cached and shared: a caller's in-place change would change every p
+    return out
 
 
 def mann_whitney_p(x, y, alternative: str):
@@ -104,6 +108,8 @@ def spearman(x, y) -> tuple[float, float]:
     constant), as scipy.stats.spearmanr gives them."""
     import numpy as np
 
+    if np.isnan(np.asarray(x, dtype=float)).any() or np.isnan(np.asarray(y, dtype=float)).any():
+        return math.nan, math.nan  # as scipy: nan_policy="propagate"
     rx, ry = _average_ranks(x), _average_ranks(y)
     if len(rx) != len(ry) or len(rx) < 2:
         raise ValueError("spearman needs two sequences of the same length, at least 2")

@@ -276,7 +276,7 @@ class Sampler:
         (nvmlShutdown during another thread's NVML call crashed commdiag with SIGSEGV when Ctrl-C
         came while a launch's first reading was under way)."""
         live = [w for w in self._watches if w.halt()]
-        self._watches = []
+        self._watches = live  # kept: a second close() must not shut NVML down under them either
         if live:
             return  # a thread stuck in NVML: leave NVML up; the process ends soon after anyway
         if self._owns_init and self.nvml is not None:
@@ -332,8 +332,8 @@ class Watch:
             return self
         t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="commdiag-machine-state", daemon=True)
-        self.sampler._watches.append(self)
         self._thread.start()
+        self.sampler._watches.append(self)
         try:
             if not self._started.wait(READ_DEADLINE_S):
                 self._stuck("before")
@@ -346,7 +346,7 @@ class Watch:
     def halt(self) -> bool:
         """Ask the reading thread to stop and wait for it (at most READ_DEADLINE_S); True when it is
         still running after that."""
-        if self._thread is None:
+        if self._thread is None or self._thread.ident is None:  # never started: nothing inside NVML
             return False
         self._stop.set()
         self._thread.join(READ_DEADLINE_S)

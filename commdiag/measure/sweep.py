@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import importlib.machinery
 import importlib.util
 import os
 import random
@@ -69,9 +70,10 @@ def preflight(spec: Spec) -> int:
     torch_spec = importlib.util.find_spec("torch")
     if torch_spec is None:
         raise CommdiagError("torch is not installed in this Python; install it (CPU: pip install torch==2.13.0)")
-    # looked up as a file: find_spec("torch.distributed.run") imports torch and torch.distributed (3.5 s
-    # of CPU), which a gloo sweep's own process never needs
-    if not any(Path(d, "distributed", "run.py").is_file() for d in torch_spec.submodule_search_locations or ()):
+    # looked up in torch's folder: find_spec("torch.distributed.run") imports torch and torch.distributed
+    # (3.5 s of CPU), which a gloo sweep's own process never needs (PathFinder finds run.py or run.pyc)
+    if not any(importlib.machinery.PathFinder.find_spec("run", [str(Path(d, "distributed"))])
+               for d in torch_spec.submodule_search_locations or ()):
         raise CommdiagError("torchrun (torch.distributed.run) is missing from this torch build")
     nproc = spec.nproc_per_node
     if spec.backend == "nccl":
@@ -442,7 +444,10 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
     finally:
         starter.close()
         if own_sampler:
-            sampler.close()
+            try:
+                sampler.close()  # waits for a reading thread still inside NVML (at most a few seconds)
+            except KeyboardInterrupt:  # a second Ctrl-C meanwhile: the run is still saved, resumable
+                interrupted = True
     run["state"] = "interrupted" if interrupted else "complete"
     run["finished_utc"] = None if interrupted else launcher.utc_now()
     results.save_run(run_dir, run)
