@@ -124,7 +124,13 @@ class Browser:
             for domain in ("Runtime", "Log", "Page"):
                 self.call(f"{domain}.enable", session=session)
             self.call("Page.navigate", {"url": uri}, session)
-            self.wait_event("Page.loadEventFired", session, timeout)
+            deadline = time.monotonic() + timeout
+            while True:  # the page's own load event, not a late one of the tab's about:blank
+                self.wait_event("Page.loadEventFired", session, max(0.0, deadline - time.monotonic()))
+                here = self.call("Runtime.evaluate", {"expression": "location.href", "returnByValue": True},
+                                 session)["result"].get("value")
+                if here != "about:blank":
+                    break
             # then the page's timers run ahead through the budget (a policy set before the navigation
             # would spend its budget before the new document exists)
             self.call("Emulation.setVirtualTimePolicy",
