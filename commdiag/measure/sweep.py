@@ -156,7 +156,8 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
     order = launch_order(spec, seed)
     return {
         "format": results.RUN_FORMAT, "version": results.RUN_FORMAT_VERSION,
-        "commdiag_version": __version__, "created_utc": launcher.utc_now(), "finished_utc": None, "state": "running",
+        "commdiag_version": __version__, "created_utc": launcher.utc_now(), "finished_utc": None,
+        "state": "running",
         "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
         "method": _method(spec),
