@@ -26,7 +26,6 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,8 +190,7 @@ def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: P
 
 def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_progress, on_start,
                  sampler: machinestate.Sampler) -> AbResult:
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # started with SIGINT ignored: resumable anyway
+    launcher.take_back_sigint()  # resumable after Ctrl-C, however it was started
     configs = {c["name"]: c for c in run["configs"]}
     pending = [l for l in run["launches"] if l["status"] == PENDING]
     if on_start and pending:

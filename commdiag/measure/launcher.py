@@ -17,6 +17,7 @@ import datetime as dt
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,6 +38,14 @@ class Progress:
     total: int
     launch: dict
     eta_s: float | None
+
+
+def take_back_sigint() -> None:
+    """The default Ctrl-C handler in the main thread.  Started with SIGINT ignored (nohup, a
+    background job of a script, some service managers), Ctrl-C and `kill -INT` would do nothing,
+    and a sweep, an ab run or a hung p2p probe could not be interrupted and resumed."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def utc_now() -> str:

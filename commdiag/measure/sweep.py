@@ -26,8 +26,6 @@ import importlib.util
 import os
 import random
 import shutil
-import signal
-import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -421,10 +419,7 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -
 
 def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
-    if threading.current_thread() is threading.main_thread():
-        # Started with SIGINT ignored (nohup, a background job, some service managers), Ctrl-C and
-        # `kill -INT` would do nothing: the sweep's interrupt-and-resume needs the default handler.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    launcher.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
     configs = {c["name"]: c for c in run["configs"]}
     run.setdefault("launch", _launch_record(spec))  # a run stored before launch methods: torchrun
     if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):

@@ -24,14 +24,13 @@ import select
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
 from .. import PACKAGE_PARENT
 from ..childpython import child_env, isolated_argv
 from ..errors import CommdiagError
-from ..measure.launcher import KILL_GRACE_S, MARKER, kill_marked, marked_pids, new_marker
+from ..measure.launcher import KILL_GRACE_S, MARKER, kill_marked, marked_pids, new_marker, take_back_sigint
 from .probe import jobs_for
 from .result import FAILED, HUNG, NOT_RUN, OK
 
@@ -132,10 +131,7 @@ class _Probe:
 def supervise(settings: dict, job_timeout_s: float, start_timeout_s: float = START_TIMEOUT_S,
               env: dict | None = None, on_job=None) -> Supervised:
     """Run every job of every visible GPU under its deadline; ``on_job(JobOutcome)`` as each ends."""
-    if threading.current_thread() is threading.main_thread():
-        # Started with SIGINT ignored (a background job of a script, nohup, some service managers),
-        # Ctrl-C and `kill -INT` would do nothing while a probe hangs: as sweep and ab, take it back.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    take_back_sigint()  # a hung probe must end on Ctrl-C
     env = child_env(None if env is None else dict(env))
     marker = new_marker()
     res = Supervised()
