@@ -29,12 +29,12 @@ def trim_mean(a, proportion: float) -> float:
     a = np.asarray(a, dtype=float).reshape(-1)
     if np.isnan(a).any():
         return math.nan  # as scipy: a NaN is not trimmed away
-    low = int(proportion * a.shape[-1])
-    high = a.shape[-1] - low
+    low = int(proportion * len(a))
+    high = len(a) - low
     if low > high:
         raise ValueError("proportion too big")
-    part = np.partition(a, (low, high - 1), axis=-1)
-    return float(np.mean(part[..., low:high], axis=-1))
+    part = np.partition(a, (low, high - 1))
+    return float(np.mean(part[low:high]))
 
 
 @lru_cache(maxsize=256)
@@ -48,8 +48,7 @@ def u_tail(n1: int, n2: int):
 
     m, n = sorted((n1, n2))
     top = m * n
-    counts = np.zeros(top + 1, dtype=object)
-    counts[:] = 0
+    counts = np.zeros(top + 1, dtype=object)  # Python ints
     counts[0] = 1
     for i in range(1, m + 1):
         step = n + i
