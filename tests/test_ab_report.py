@@ -80,7 +80,7 @@ def test_the_report_of_a_real_ab_run_shows_every_launch_the_intervals_and_the_ve
     (failed,) = [l for l in run["launches"] if l["status"] == "failed"]
     assert failed["index"] == 0 and "not a number > 0" in failed["error"]
 
-    dom, console, _ = render(run_dir / "report.html")
+    dom, console = render(run_dir / "report.html")
     assert_drawn(dom, console, expected=2)  # toks per launch in time order; the verdicts' intervals
     assert "seed: toks is BETTER than default" in dom and "(certified)" in dom
     assert 'class="faster">seed: toks is BETTER' in dom  # coloured: certified
@@ -115,7 +115,7 @@ def test_hostile_names_and_stdout_values_are_shown_never_run(ab_run, tmp_path):
     assert "is BETTER than default" in rep.stdout
     text = (tmp_path / "evil.html").read_text()
     assert HOSTILE not in text and "<img src=x" not in text and "&lt;img src=x" in text
-    dom, console, _ = render(tmp_path / "evil.html")
+    dom, console = render(tmp_path / "evil.html")
     assert_drawn(dom, console, expected=2)
     assert not re.search(r"<body[^>]*data-pwned", dom) and 'data-pwned="' not in dom  # no script ran
     assert "<img src=\"x\"" not in dom and "<img src=x" not in dom

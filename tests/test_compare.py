@@ -42,7 +42,7 @@ def test_two_recorded_aa_runs_through_the_cli(tmp_path):
     assert data["format"] == "commdiag-compare" and data["version"] == 2
     assert {(c["config"], c["size_bytes"]) for c in data["changes"]} == {
         (c, s) for c in ("default", "aa") for s in (4096, 65536, 1048576, 4194304)}
-    dom, console, _ = render(tmp_path / "cmp.html")
+    dom, console = render(tmp_path / "cmp.html")
     assert_drawn(dom, console, expected=1)
 
 

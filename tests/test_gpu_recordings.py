@@ -98,7 +98,7 @@ def test_recorded_gpu_report_draws_in_chromium(tmp_path):
     assert "What NCCL chose (explain)" in html and "Ring/Simple/23" in html
     expected = int(html.split('data-plots-expected="')[1].split('"')[0])
     assert expected >= 4
-    dom, console, _ = render(pub.report)
+    dom, console = render(pub.report)
     assert_drawn(dom, console, expected=expected)
 
 
@@ -208,7 +208,7 @@ def test_certified_gpu_report_draws_in_chromium(tmp_path):
     run_dir = tmp_path / "aa"
     shutil.copytree(CERTIFIED / "nvlink2-aa", run_dir)
     path, v = report.write_report(run_dir)
-    dom, console, _ = render(path)
+    dom, console = render(path)
     expected = int(dom.split('data-plots-expected="')[1].split('"')[0])
     assert_drawn(dom, console, expected=expected)
     assert 'id="stage2"' in dom and "not certifiable with this plan" in dom and "ratio 2.403" in dom

@@ -317,5 +317,5 @@ def test_html_page_draws_every_heatmap_in_a_browser(tmp_path):
 
     page = tmp_path / "p2p.html"
     page.write_text(build_html(eight_gpus()))
-    dom, console, _ = browse(page)
+    dom, console = browse(page)
     assert_drawn(dom, console, 6)

@@ -10,7 +10,6 @@ import os
 import random
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -34,13 +33,10 @@ def chromium() -> str:
     pytest.skip("chromium not installed (apt-get install chromium); CI requires it")
 
 
-def render(html_file: Path, budget_ms: int = 20000) -> tuple[str, list[str], float]:
+def render(html_file: Path, budget_ms: int = 20000) -> tuple[str, list[str]]:
     """Load the file in headless Chromium (one per test process: tests/browser.py); return (DOM after
-    scripts ran, console messages and uncaught exceptions, seconds)."""
-    exe = chromium()
-    start = time.monotonic()
-    dom, console = browser.load(exe, html_file.resolve().as_uri(), budget_ms)
-    return dom, console, time.monotonic() - start
+    scripts ran, console messages and uncaught exceptions)."""
+    return browser.load(chromium(), html_file.resolve().as_uri(), budget_ms)
 
 
 def assert_drawn(dom: str, console: list[str], expected: int) -> None:
@@ -147,7 +143,7 @@ def test_report_of_a_real_cpu_run_draws_every_plot(tmp_path):
     proc = run_cli("report", run_dir)
     assert proc.returncode == 0, proc.stderr
     assert "screening (stage 1: estimates, not verdicts" in proc.stdout and "report:" in proc.stdout
-    dom, console, _ = render(run_dir / "report.html")
+    dom, console = render(run_dir / "report.html")
     assert_drawn(dom, console, expected=3)  # gloo: eager only -> latency, busbw, screening heatmap
     assert "screening only" in dom and "Certified answer" in dom
     # every time in the HTML itself with its spread and launch count, not only on hover
@@ -180,7 +176,7 @@ def test_report_with_both_modes_failures_and_a_hostile_label(tmp_path):
     # The raw file: the hostile string never appears unescaped, in HTML or in the plot JSON.
     assert HOSTILE not in text and "<img src=x" not in text
     assert "&lt;img src=x" in text
-    dom, console, _ = render(path)
+    dom, console = render(path)
     assert_drawn(dom, console, expected=8)  # stage 2 + 3 per mode x 2 modes + graph-vs-eager
     assert not re.search(r"<body[^>]*data-pwned", dom) and 'data-pwned="' not in dom  # no script ran
     assert "<img src=\"x\"" not in dom and "<img src=x" not in dom
@@ -204,7 +200,7 @@ def test_large_report_stays_lean_and_opens_quickly(tmp_path):
     text = path.read_text()
     data_part = len(text) - len(report.plotly_js())
     assert data_part < 1_500_000, f"report data is {data_part} bytes: plots must carry launch medians, not samples"
-    dom, console, _ = render(path, budget_ms=30000)  # its time: benchmarks/ (no timed tests)
+    dom, console = render(path, budget_ms=30000)  # its time: benchmarks/ (no timed tests)
     assert_drawn(dom, console, expected=7)
 
 
@@ -261,7 +257,7 @@ def test_report_of_a_real_run_with_crashed_and_incorrect_launches(tmp_path):
     assert set(v.excluded) == {"crash", "wrongsum"}
     assert {c.config for c in v.screening.cells} == {"aa"}  # crashed and incorrect launches are not timed
     path, _ = report.write_report(run_dir, tmp_path / "elsewhere.html")
-    dom, console, _ = render(path)
+    dom, console = render(path)
     assert_drawn(dom, console, expected=3)
     n_bad = sum(l["status"] in ("failed", "incorrect") for l in data.run["launches"])
     assert n_bad == 4 and f"Failed, timed-out and incorrect launches ({n_bad})" in dom
@@ -316,7 +312,7 @@ def test_heatmap_colours_only_certified_differences_and_greys_estimates(tmp_path
 def test_log_axes_label_every_tick_in_full_and_the_report_links_the_docs(tmp_path):
     run_dir = copy_run("cpu-aa-b", tmp_path / "run")
     path, _ = report.write_report(run_dir)
-    dom, console, _ = render(path)
+    dom, console = render(path)
     assert_drawn(dom, console, expected=3)
     latency = dom.split('id="latency-eager"', 1)[1].split("<h3>", 1)[0]
     labels = re.findall(r'class="[xy]tick"><text[^>]*>([^<]*)</text>', latency)
@@ -374,5 +370,5 @@ def test_every_page_loads_in_a_fresh_browser_context(tmp_path):
         "<html><body><script>document.body.setAttribute('data-ls', String(localStorage.getItem('k')));"
         "document.body.setAttribute('data-cookie', document.cookie || 'none');</script></body></html>")
     render(tmp_path / "set.html")
-    dom, console, _ = render(tmp_path / "read.html")
+    dom, console = render(tmp_path / "read.html")
     assert not console and 'data-ls="null"' in dom and 'data-cookie="none"' in dom
