@@ -3,7 +3,7 @@
 Each simulated run draws per-launch, per-size values (ln time) from a named model of what launches do
 on real machines, screens 3 launches per config, plans the claims, draws fresh stage-2 rounds and
 certifies.  The launch order is the shipped one: stage 1 from ``formats.spec.launch_order``, stage 2
-from ``measure.sweep._add_rounds`` (each run with its own seed), so models in which a launch's value
+from ``measure.stages.add_rounds`` (each run with its own seed), so models in which a launch's value
 depends on its place (first in a round, alternate launches, later positions, drift over the run) see
 exactly the shuffles commdiag makes.  The number of rounds, the threshold, the test, the ratio and
 the decision come from the library (certify.rounds_needed, certify.threshold, paired.signed_rank_p,
@@ -33,7 +33,7 @@ import pytest
 from commdiag.analyse import certify, paired, screening, stats, verdict
 from commdiag.analyse.stats import ALPHA, LESS, MIN_EFFECT, TWO_SIDED
 from commdiag.formats.spec import launch_order
-from commdiag.measure import sweep
+from commdiag.measure import stages
 
 RUNS = 2000
 NVLINK_TOKENS = [1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -120,7 +120,7 @@ def stage2_places(participants: list[list[int]], k2: list[int], seeds, configs: 
             continue
         run = {"seed": int(seeds[r]), "launches": [None] * (configs * K1)}
         plan = {"looks": [{"rounds": k2[r]}], "configs": [str(c) for c in participants[r]]}
-        sweep._add_rounds(run, plan, spec, k2[r])
+        stages.add_rounds(run, plan, spec, k2[r])
         for launch in run["launches"][configs * K1:]:
             c = int(launch["config"])
             index[r, c, launch["round"]] = launch["index"]
@@ -313,7 +313,7 @@ def _run_for(tokens, configs):
     ("spread10x", "3x3", (1,), 0.94, False), ("alternating10%", "26x15x4", (), 0.88, True)])
 def test_vectorised_rule_matches_the_library(model, shape, named, ratio, mixed):
     """The same draws and launch orders through commdiag's screening, claim planning, stage-2 rounds
-    (sweep._add_rounds), paired test and winners."""
+    (stages.add_rounds), paired test and winners."""
     configs, tokens = SHAPES[shape]
     effect = np.zeros(configs)
     effect[1] = math.log(ratio)  # a real effect near the edge, so that some runs certify and some do not
@@ -335,7 +335,7 @@ def test_vectorised_rule_matches_the_library(model, shape, named, ratio, mixed):
         if claims:  # the shipped rounds, as in the simulation (names differ, so map them back)
             run["launches"] = [None] * (configs * K1)
             by_name = dict(plan, configs=[str(names.index(c)) for c in plan["configs"]])
-            sweep._add_rounds(run, by_name, SimpleNamespace(trials=K1), plan["looks"][0]["rounds"])
+            stages.add_rounds(run, by_name, SimpleNamespace(trials=K1), plan["looks"][0]["rounds"])
             run["launches"] = [dict(l, config=names[int(l["config"])], status="ok")
                                for l in run["launches"][configs * K1:]]
             for l in run["launches"]:

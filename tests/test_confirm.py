@@ -12,7 +12,7 @@ import pytest
 
 from commdiag.analyse import certify, screening, stats, verdict
 from commdiag.formats import results
-from commdiag.measure import sweep
+from commdiag.measure import stages, sweep
 from commdiag.errors import CommdiagError, SpecError
 from commdiag.formats.spec import load_spec
 from conftest import REPO, assert_fits, one_message, run_cli, words, write_spec
@@ -84,7 +84,7 @@ def test_stage_2_measures_only_what_its_claims_test(tmp_path):
     spec = load_spec(write_spec(tmp_path / "s.yaml", sizes={"hidden": 256, "tokens": [1, 128, 256]},
                                 configs={"x": {}}, confirm={"configs": ["x"]}))
     claims = [certify.Claim("x", "eager", "decode", None, stats.TWO_SIDED, "confirm.configs", 1.0)]
-    measure = sweep._stage2_measure(spec, claims, {"decode": [1024], "prefill": [256 * 1024]})
+    measure = stages.stage2_measure(spec, claims, {"decode": [1024], "prefill": [256 * 1024]})
     # only the claims' series, but every band's sizes: a winner's ratio in the other bands decides profile.env
     # (128 tokens lies in no band: not measured)
     assert measure == {"modes": ["eager"], "vias": ["torch"], "sizes": [1024, 256 * 1024]}
@@ -115,7 +115,7 @@ def test_confirm_key_resolves_and_survives_run_json(tmp_path):
 
 def test_certify_sizes_prints_its_cost_and_raises_trials(tmp_path):
     spec = load_spec(REPO / "sweeps" / "pcie8.yaml")
-    raised, plan = sweep._certify_sizes_plan(spec)
+    raised, plan = stages.certify_sizes_plan(spec)
     m, k = certify.size_claims_needed(26, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
     # 26 configs besides default, 15 sizes; paired by trial, two-sided: 2/2^18 <= 0.005/390 < 2/2^17
     assert m == 390 and k == 18 and raised.trials == k + certify.SIZES_SPARE_TRIALS == 20
@@ -167,7 +167,7 @@ def test_a_plan_too_short_to_certify_says_so_and_launches_nothing():
     claims = [certify.Claim("x", "graph", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
     plan = certify.confirmation_plan(claims, 6, 9, "t")  # confirm.rounds: 6 (or confirm --rounds 6)
     assert plan["configs"] == [] and plan["looks"][0]["rounds"] == 0
-    text = sweep._confirm_plan_text({"launches": []}, plan, 0)
+    text = stages.confirm_plan_text({"launches": []}, plan, 0)
     joined = " ".join(l.strip() for l in text.lines)
     assert text.launches == 0 and "not certifiable with this plan" in text.lines[0] and "nothing is launched" in joined
     assert "9 rounds can" in joined and max(len(l) for l in text.lines) <= 100
@@ -177,7 +177,7 @@ def test_a_plan_too_short_to_certify_says_so_and_launches_nothing():
              certify.Claim("seed", "graph", "b", None, stats.TWO_SIDED, "confirm.configs", 1.2)]
     plan = certify.confirmation_plan(mixed, 8, 9, "t")
     assert plan["configs"] == ["default", "fast"] and plan["looks"][0]["rounds"] == 8
-    text = sweep._confirm_plan_text({"launches": []}, plan, 8)
+    text = stages.confirm_plan_text({"launches": []}, plan, 8)
     assert text.launches == 16 and any("not certifiable with this plan: seed" in l for l in text.lines)
 
 
@@ -192,22 +192,22 @@ def test_a_fixed_confirm_rounds_that_cannot_certify_is_refused_before_any_launch
     assert "set confirm.rounds: 9 (or auto)" in said and not out.exists()
     # without stage 2 the same spec runs (screening only): nothing to refuse
     spec = load_spec(path)
-    sweep._check_confirm_rounds(dataclasses.replace(spec, confirm_rounds=9), False)
+    stages.check_confirm_rounds(dataclasses.replace(spec, confirm_rounds=9), False)
 
 
 def test_a_further_look_that_cannot_reach_its_threshold_is_refused():
     claims = [certify.Claim("x", "graph", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
     plan = certify.confirmation_plan(claims, None, 9, "t")  # 9 rounds at 0.005: this look could certify
     assert certify.next_threshold(plan) == pytest.approx(0.0025)
-    sweep._check_further_look(Path("r"), plan, 1)  # one more round reaches the halved threshold: 2/2^10
+    stages.check_further_look(Path("r"), plan, 1)  # one more round reaches the halved threshold: 2/2^10
     # a plan that launched nothing (too few rounds) spent nothing: its next look keeps 0.005
     short = certify.confirmation_plan(claims, 6, 9, "t")
     assert certify.next_threshold(short) == pytest.approx(0.005)
     with pytest.raises(CommdiagError, match="not certifiable with this plan .* give --rounds 9"):
-        sweep._check_further_look(Path("r"), short, None)
+        stages.check_further_look(Path("r"), short, None)
     with pytest.raises(CommdiagError, match=r"--rounds 3: with 3 rounds in all .* p <= 0.005 .* --rounds 9 can"):
-        sweep._check_further_look(Path("r"), short, 3)
-    sweep._check_further_look(Path("r"), short, 9)
+        stages.check_further_look(Path("r"), short, 3)
+    stages.check_further_look(Path("r"), short, 9)
 
 
 def test_band_text_and_gloo_note():
@@ -223,7 +223,7 @@ def test_extending_an_unfinished_confirmation_is_refused_and_a_further_look_stat
     claims = [certify.Claim("x", "graph", b, None, stats.LESS, "screening", 0.9) for b in ("a", "b")]
     plan = certify.confirmation_plan(claims, None, 9, "t")
     certify.add_look(plan, 6, "t2")
-    text = sweep._confirm_plan_text({"launches": []}, plan, 6)
+    text = stages.confirm_plan_text({"launches": []}, plan, 6)
     assert "family-wise error rate is now at most 1.50%" in " ".join(text.lines)
 
 
@@ -248,10 +248,10 @@ def test_the_start_banner_warns_when_confirm_rounds_may_be_too_few(tmp_path):
     # candidate in each band as well: 0.0025)
     spec = load_spec(write_spec(tmp_path / "s.yaml", sizes={"hidden": 256, "tokens": [1, 256]},
                                 configs={"seed": {}, "y": {}}, confirm={"configs": ["seed"], "rounds": 9}))
-    assert sweep._spec_families(spec) == (2, 4, stats.TWO_SIDED)
-    sweep._check_confirm_rounds(spec, False)  # the fewest claims are reachable: no refusal
+    assert stages.spec_families(spec) == (2, 4, stats.TWO_SIDED)
+    stages.check_confirm_rounds(spec, False)  # the fewest claims are reachable: no refusal
     run = {"launches": [{"index": 0, "config": "default", "stage": 1, "status": "pending"}],
            "configs": [{"name": n} for n in ("default", "seed", "y")], "confirm_requested": True}
-    lines = sweep._start_banner(spec, run, tmp_path / "r").lines
+    lines = stages.start_banner(spec, run, tmp_path / "r").lines
     assert len(lines) > 1 and "confirm.rounds: 9 is too few if screening adds every claim it can (4)" in " ".join(
         l.strip() for l in lines) and max(len(l) for l in lines) <= 100

@@ -19,7 +19,6 @@ of an existing run.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import importlib.machinery
 import importlib.util
@@ -31,10 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, linewrap, metadata
-from ..analyse import certify, paired, stats, verdict
-from ..analyse.stats import LESS, TWO_SIDED
-from . import launcher, machinestate, runlock, serverpool
+from .. import __version__, metadata
+from ..analyse import verdict
+from . import launcher, machinestate, runlock, serverpool, stages
 from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
@@ -246,7 +244,7 @@ class Starter:
                    "this and every later launch of the run use a fresh torchrun")
         self.run.setdefault("warnings", []).append(warning)
         if self.on_plan:
-            self.on_plan(StagePlan("warning", 0, None, _fit([f"commdiag: warning: {warning}"])))
+            self.on_plan(stages.StagePlan("warning", 0, None, stages.fit([f"commdiag: warning: {warning}"])))
 
     def close(self) -> None:
         if self.pool is not None:
@@ -269,20 +267,11 @@ def _nvml_fingerprint(spec: Spec) -> dict:
         return {"nvml_readings_error": f"{e.__class__.__name__}: {str(e)[:200]}"}
 
 
-@dataclass(frozen=True)
-class StagePlan:
-    """What the CLI prints before launches start: stage 2's claims and cost, or --certify-sizes' cost."""
-
-    kind: str  # confirm | certify-sizes
-    launches: int
-    est_s: float | None
-    lines: tuple[str, ...]
-
 
 def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
               env: dict[str, str] | None = None,
               on_progress: Callable[[Progress], None] | None = None,
-              on_plan: Callable[[StagePlan], None] | None = None,
+              on_plan: Callable[[stages.StagePlan], None] | None = None,
               confirm: bool = True, certify_sizes: bool = False,
               sampler: machinestate.Sampler | None = None) -> SweepResult:
     """Run every pending launch of a new run (``spec``) or of an interrupted one (``resume``): stage 1
@@ -302,10 +291,10 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
         assert spec is not None
         _check_reuse(spec, base_env)
         if confirm:
-            _check_confirm_rounds(spec, certify_sizes)
+            stages.check_confirm_rounds(spec, certify_sizes)
         nproc = preflight(spec)
         if certify_sizes:
-            spec, plan = _certify_sizes_plan(spec)
+            spec, plan = stages.certify_sizes_plan(spec)
             if on_plan:
                 on_plan(plan)
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
@@ -328,39 +317,10 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
         return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
 
 
-def _spec_families(spec: Spec) -> tuple[int, int, str]:
-    """(fewest, most) claims stage 2 of ``spec`` can make, and the sidedness of the fewest: every named
-    config (confirm.configs) in every band with sizes, two-sided; a screening candidate per band."""
-    from ..analyse.screening import in_band
-
-    bands = sum(1 for rng in spec.bands.values() if any(in_band(s.tokens, rng) for s in spec.sizes))
-    named = len(spec.confirm_configs)
-    unnamed = len(spec.configs) - 1 - named
-    most = bands * (named + (1 if unnamed > 0 else 0))
-    return (bands * named, most, TWO_SIDED) if named else (min(1, most), most, LESS)
-
-
-def _check_confirm_rounds(spec: Spec, certify_sizes: bool) -> None:
-    """Before any launch: a fixed confirm.rounds that cannot certify even the spec's fewest claims is refused."""
-    if not spec.confirm_rounds:
-        return
-    fewest, _, alt = _spec_families(spec)
-    if not fewest:
-        return
-    thr = (stats.ALPHA / 2 if certify_sizes else stats.ALPHA) / fewest
-    if paired.smallest_p(spec.confirm_rounds, alt) > thr:
-        from ..errors import SpecError
-
-        raise SpecError(spec.path, "confirm.rounds",
-                        f"not certifiable with this plan: {spec.confirm_rounds} rounds give the paired within-round "
-                        f"test a smallest p of {paired.smallest_p(spec.confirm_rounds, alt):.2g}, and this spec's "
-                        f"{fewest} claim(s) each need p <= {thr:.2g}; set confirm.rounds: "
-                        f"{paired.rounds_to_reach(thr, alt)} (or auto), or run with --no-confirm for screening only")
-
 
 def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str] | None = None,
                 on_progress: Callable[[Progress], None] | None = None,
-                on_plan: Callable[[StagePlan], None] | None = None,
+                on_plan: Callable[[stages.StagePlan], None] | None = None,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
     """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
     or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
@@ -393,20 +353,16 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -
     if plan and not pending2:
         if not plan.get("claims"):
             raise CommdiagError(f"{run_dir}: stage 2 has no claims to extend (screening found no candidate)")
-        _check_further_look(run_dir, plan, rounds)
+        stages.check_further_look(run_dir, plan, rounds)
         kept = [l for l in run["launches"] if l.get("status") in (results.OK, results.TIMEOUT)
                 and not (results.launch_dir(run_dir, l["index"]) / "result.json").is_file()]
         if kept:  # samples.csv is rebuilt from the launch folders: extending would lose these launches
             raise CommdiagError(f"{run_dir}: {len(kept)} finished launch(es) have no launches/NNNN/result.json "
                                 f"(launch {kept[0]['index']} first): this run folder cannot be extended without "
                                 "losing their samples; run the spec afresh instead")
-        if plan.get("test") != certify.PAIRED_TEST:  # confirmed before the paired test: judged the paired way now
-            plan.update(version=certify.CONFIRMATION_VERSION, test=certify.PAIRED_TEST,
-                        upgraded_from=plan.get("version", 1))
-        certify.add_look(plan, rounds, launcher.utc_now())
-        _add_rounds(run, plan, spec, rounds)
+        text = stages.further_look(spec, run, plan, rounds, launcher.utc_now())
         if on_plan:
-            on_plan(_confirm_plan_text(run, plan, rounds))
+            on_plan(text)
     elif plan is None:
         run["confirm_rounds_override"] = rounds
     elif rounds is not None:
@@ -423,7 +379,7 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
     configs = {c["name"]: c for c in run["configs"]}
     run.setdefault("launch", _launch_record(spec))  # a run stored before launch methods: torchrun
     if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
-        on_plan(_start_banner(spec, run, run_dir))
+        on_plan(stages.start_banner(spec, run, run_dir))
     own_sampler = sampler is None
     sampler = sampler or machinestate.open_sampler(spec.backend)
     starter = Starter(spec, run, run_dir, base_env, on_plan)
@@ -431,7 +387,10 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
         run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
         interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler, starter)
         if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
-            plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
+            samples, summary = results.assemble(run_dir, run)  # the tables just built, not read back from disk
+            scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
+            plan = stages.plan_stage2(spec, run, scr, run.pop("confirm_rounds_override", None) or spec.confirm_rounds,
+                                      launcher.utc_now())
             results.save_run(run_dir, run)
             if on_plan:
                 on_plan(plan)
@@ -453,31 +412,6 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
         counts[l["status"]] = counts.get(l["status"], 0) + 1
     return SweepResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
 
-
-def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
-    """The first thing a sweep prints: where it writes, how many launches, about how long."""
-    pending = [l for l in run["launches"] if l["status"] == results.PENDING]
-    per = _mean_wall(run)  # this run's own launches (a resume); none yet: no guess, the progress lines say
-    stage1 = sum(1 for l in pending if int(l.get("stage", 1)) == 1)
-    then = ("; then stage 2 (confirmation; its plan is printed when screening ends)"
-            if run.get("confirm_requested", True) and run.get("confirmation") is None else "")
-    line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
-            + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
-            + (f", about {len(pending) * per / 60:.1f} min at this run's {per:.0f} s a launch" if per
-               else "; the ETA follows from this machine's own launches, from the first one on") + then)
-    lines = [line]
-    how = run.get("launch", {})
-    if how.get("method"):
-        lines.append(f"  launch: {how['method']}" + (f" ({how['note']})" if how.get("note") else "")
-                     + (f"; fell back earlier in this run: {how['fallback']}" if how.get("fallback") else ""))
-    if spec.confirm_rounds and then:
-        _, most, _ = _spec_families(spec)
-        thr = (stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA) / max(most, 1)
-        if most and paired.smallest_p(spec.confirm_rounds, TWO_SIDED if spec.confirm_configs else LESS) > thr:
-            lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
-                         f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
-                         "the rounds every claim needs)")
-    return StagePlan("start", len(pending), len(pending) * per if per else None, _fit(lines))
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
@@ -519,158 +453,7 @@ def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: 
 LAUNCH_KEYS = ("index", "config", "trial", "stage", "round", "marker")
 
 
-def _mean_wall(run: dict) -> float | None:
-    walls = [l["wall_s"] for l in run["launches"] if l.get("wall_s")]
-    return sum(walls) / len(walls) if walls else None
 
-
-def _plan_stage2(spec: Spec, run: dict, run_dir: Path, rounds: int | None) -> StagePlan:
-    """Screen stage 1, record the confirmation plan in run.json and append its pending launches."""
-    samples, summary = results.assemble(run_dir, run)  # the tables just built, not read back from disk
-    scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
-    claims = certify.plan_claims(scr, spec.confirm_configs)
-    stage1 = sum(1 for l in run["launches"] if int(l.get("stage", 1)) == 1)
-    alpha = stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA  # --certify-sizes spends the other half
-    plan = certify.confirmation_plan(claims, rounds, stage1, launcher.utc_now(), alpha)
-    plan["measure"] = _stage2_measure(spec, claims, scr.band_sizes)
-    run["confirmation"] = plan
-    run["version"] = results.RUN_FORMAT_VERSION
-    k2 = plan["looks"][0]["rounds"]
-    if claims:
-        _add_rounds(run, plan, spec, k2)
-    return _confirm_plan_text(run, plan, k2)
-
-
-def _stage2_measure(spec: Spec, claims, band_sizes: dict) -> dict:
-    """The worker plan of a stage-2 launch: only the claims' series (graph via torch, graph-direct via
-    nccl-direct, ...), at every band's sizes (a winner's ratio in the other bands decides profile.env);
-    a stage-2 launch then costs little more than its start."""
-    series = [results.label_series(c.mode, spec.vias) for c in claims]
-    modes = sorted({m for m, _ in series}, key=list(spec.modes).index)
-    vias = sorted({v for _, v in series}, key=list(spec.vias).index)
-    sizes = sorted({s for sizes in band_sizes.values() for s in sizes} | {c.size_bytes for c in claims
-                                                                         if c.size_bytes is not None})
-    return {"modes": modes, "vias": vias, "sizes": sizes or [s.bytes for s in spec.sizes]}
-
-
-def _check_further_look(run_dir: Path, plan: dict, rounds: int | None) -> None:
-    """Before any launch of a further look: refuse one whose rounds in all cannot reach its threshold."""
-    claims = certify.claims_of(plan)
-    total = certify.total_rounds(plan)
-    thr = certify.next_threshold(plan)
-    need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
-    least = min(paired.rounds_to_reach(thr, c.alternative) for c in claims)
-    if rounds is None:
-        if certify.unreachable(plan) == claims:
-            raise CommdiagError(f"{run_dir}: not certifiable with this plan ({total} rounds); give --rounds "
-                                f"{max(1, need - total)} to add the rounds the paired test needs "
-                                f"(p <= {thr:.2g})")
-        raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
-                            "extend it: a further look is tested at half the previous threshold")
-    if total + rounds < least:
-        raise CommdiagError(f"{run_dir}: --rounds {rounds}: with {total + rounds} rounds in all the paired "
-                            f"within-round test cannot reach this look's p <= {thr:.2g} for any claim "
-                            f"(smallest p: {paired.smallest_p(total + rounds, claims[0].alternative):.2g}); "
-                            f"--rounds {least - total} can" + (f" ({need - total} for every claim)"
-                                                               if need > least else ""))
-
-
-def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
-    claims = certify.claims_of(plan)
-    if not claims:
-        return StagePlan("confirm", 0, 0.0, ("stage 2: nothing to confirm (screening found no config at least 3% "
-                                              "faster than default in any band, and the spec names no "
-                                              "confirm.configs): keep NCCL defaults",))
-    n = rounds * len(plan["configs"])
-    wall = _mean_wall(run)
-    look = plan["looks"][-1]
-    thr, total = look["threshold"], certify.total_rounds(plan)
-    cannot = certify.unreachable(plan)
-    lines = []
-    if len(cannot) == len(claims):
-        need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
-        asked = total or plan.get("rounds_requested") or 0  # a first look that launched nothing: what was asked
-        lines.append(f"stage 2 (confirmation, look {look['look']}): not certifiable with this plan: {asked} rounds "
-                     f"cannot reach p <= {thr:.2g} for any of its {len(claims)} claim(s) (smallest p of the paired "
-                     f"test with {asked} rounds: {paired.smallest_p(asked, cannot[0].alternative):.2g}); nothing "
-                     f"is launched. {need} rounds can: confirm.rounds: auto in the spec, or commdiag confirm "
-                     f"RUN_DIR --rounds {max(1, need - total)}")
-    else:
-        lines.append(f"stage 2 (confirmation, look {look['look']}): {rounds} fresh rounds x {len(plan['configs'])} "
-                     f"configs = {n} launches" + (f", at most about {n * wall / 60:.1f} min ({wall:.1f} s a stage-1 "
-                                                   "launch; stage 2 measures less)" if wall else "")
-                     + f"; {len(claims)} claim(s), each must reach p <= {thr:.2g}")
-        lines.append("  " + _why_rounds(claims, total, thr))
-        if cannot:
-            need = max(paired.rounds_to_reach(thr, c.alternative) for c in cannot)
-            lines.append(f"  not certifiable with this plan: {', '.join(sorted({c.config for c in cannot}))} "
-                         f"(tested either way) would need {need} rounds; not launched")
-    if look["look"] > 1:
-        spent = len(claims) * sum(lk["threshold"] for i, lk in enumerate(plan["looks"])
-                                  if certify.look_spent(plan, i + 1))
-        lines.append(f"  a further look at the same claims: the run's family-wise error rate is now at most "
-                     f"{spent:.2%} (each look that could certify spends its threshold x {len(claims)} claims)")
-    for c in claims:
-        scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
-        lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
-                     f"default in {c.where}, {c.mode} mode{scr} [{c.reason}]")
-    return StagePlan("confirm", n, n * wall if wall else None, _fit(lines))
-
-
-def _fit(lines) -> tuple[str, ...]:
-    """Plan lines within 100 columns (linewrap.py)."""
-    return tuple(out for line in lines for out in linewrap.fit_line(line))
-
-
-def _why_rounds(claims, total: int, thr: float) -> str:
-    """Why this many rounds: the paired test's smallest p with k rounds is 1/2^k (2/2^k two-sided)."""
-    alt = TWO_SIDED if any(c.alternative == TWO_SIDED for c in claims) else LESS
-    k = paired.rounds_to_reach(thr, alt)
-    num = "2" if alt == TWO_SIDED else "1"
-    why = (f"why {total} rounds: the paired within-round test's smallest p with k rounds is {num}/2^k "
-           f"({'two-sided' if alt == TWO_SIDED else 'one-sided'} claims); {num}/2^{k} = "
-           f"{paired.smallest_p(k, alt):.2g} <= {thr:.2g}")
-    if k > 1:
-        why += f", {num}/2^{k - 1} = {paired.smallest_p(k - 1, alt):.2g} is not"
-    if total > k:
-        why += f"; {total} rounds leave room for {total - k} rounds of opposite sign or small ranks"
-    return why
-
-
-
-
-def _add_rounds(run: dict, plan: dict, spec: Spec, rounds: int) -> None:
-    """Append ``rounds`` rounds of pending stage-2 launches: default + every claimed config, shuffled."""
-    done_rounds = sum(lk["rounds"] for lk in plan["looks"][:-1])
-    rng = random.Random(f"{run['seed']}-confirm-{len(plan['looks'])}")
-    for r in range(done_rounds, done_rounds + rounds):
-        names = list(plan["configs"])
-        rng.shuffle(names)
-        for n in names:
-            run["launches"].append({"index": len(run["launches"]), "config": n, "trial": spec.trials + r,
-                                    "stage": 2, "round": r, "status": results.PENDING})
-
-
-# Launches a 1-2 token all-reduce launch takes, for cost estimates before any launch (recorded: 2x H200
-# 12-17 s with both call paths, CPU gloo 2-4 s).
-EST_LAUNCH_S = {"nccl": 15.0, "gloo": 3.0}
-
-
-def _certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
-    """--certify-sizes: enough trials for a one-stage exact test of every config x size (primary mode),
-    paired by trial (certify.certify_sizes)."""
-    m, floor = certify.size_claims_needed(len(spec.configs) - 1, len(spec.sizes), stats.ALPHA / 2)
-    k = floor + certify.SIZES_SPARE_TRIALS
-    if spec.trials < k:
-        spec = dataclasses.replace(spec, trials=k)
-    n = spec.trials * len(spec.configs)
-    est = n * EST_LAUNCH_S.get(spec.backend, 15.0)
-    return spec, StagePlan("certify-sizes", n, est, (
-        f"per-size certification: {len(spec.configs) - 1} configs x {len(spec.sizes)} sizes = {m} claims, each must "
-        f"reach p <= {stats.ALPHA / 2 / m:.2g} (half the run's 1%; stage 2's band claims get the other half), paired by trial: {spec.trials} trials "
-        f"(launches per config; {floor} reach it only if every one is complete and of one sign, so "
-        f"{certify.SIZES_SPARE_TRIALS} spare take a failed launch), {n} launches in stage 1 "
-        f"(about {est / 60:.0f} min at ~{EST_LAUNCH_S.get(spec.backend, 15.0):.0f} s a launch)",))
 
 
 def _check_reuse(spec: Spec, base_env: dict) -> None:
