@@ -159,11 +159,7 @@ def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_si
         raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "
                                "do not give a SPEC_FILE, --set, --out, --no-confirm or --certify-sizes with it")
     res = _run_spec(spec_file, sets, out, resume, as_json, step=False, no_confirm=no_confirm,
-                    certify_sizes=certify_sizes)
-    if explain and res.state == "complete":
-        from .measure import explain as explain_mod
-
-        explain_mod.run_explain(res.run_dir)
+                    certify_sizes=certify_sizes, explain=explain)
     _finish_run(res, as_json)
 
 
@@ -190,7 +186,8 @@ def step_cmd(spec_file, sets, out, resume, as_json, no_confirm):
     _finish_run(_run_spec(spec_file, sets, out, resume, as_json, step=True, no_confirm=no_confirm), as_json)
 
 
-def _run_spec(spec_file, sets, out, resume, as_json, *, step: bool, no_confirm: bool, certify_sizes: bool = False):
+def _run_spec(spec_file, sets, out, resume, as_json, *, step: bool, no_confirm: bool, certify_sizes: bool = False,
+              explain: bool = False):
     """What sweep and step share: load the spec (a step spec has model:, a sweep spec has not), print its
     warnings, run both stages with progress lines."""
     from .formats import spec as spec_mod
@@ -209,7 +206,7 @@ def _run_spec(spec_file, sets, out, resume, as_json, *, step: bool, no_confirm: 
             _echo(f"commdiag: warning: {w}", err=True)
     progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
     return sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
-                               confirm=not no_confirm, certify_sizes=certify_sizes)
+                               confirm=not no_confirm, certify_sizes=certify_sizes, explain=explain)
 
 
 def _step_table(data):
@@ -228,13 +225,13 @@ def _print_plan(plan) -> None:
 
 
 def _finish_run(res, as_json: bool) -> None:
-    """What sweep and confirm print at the end: the table, the two-stage answer, report and profiles."""
+    """What sweep and confirm print at the end: the table, the two-stage answer, report and profiles
+    (published by the library: an interrupted run has none of them)."""
     from .analyse import report, verdict
     from .formats import results
 
     data = results.load_run(res.run_dir)
-    # Verdicts, report and profiles need every launch: an interrupted run has none of them yet.
-    pub = report.publish(res.run_dir, data) if res.state == "complete" else None
+    pub = res.published
     step = _step_table(data)
     if as_json:
         _echo(json.dumps({"format": "commdiag-sweep-result", "version": verdict.VERDICTS_VERSION, "run_dir": str(res.run_dir),

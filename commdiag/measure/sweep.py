@@ -19,6 +19,7 @@ of an existing run.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.machinery
 import importlib.util
@@ -26,13 +27,12 @@ import os
 import random
 import shutil
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from .. import __version__, metadata
 from ..analyse import verdict
-from . import launcher, machinestate, runlock, serverpool, stages
+from . import launcher, machinestate, runner, serverpool, stages
 from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
@@ -44,16 +44,9 @@ TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
 PER_COMMUNICATOR = ("NCCL_PROTO", "NCCL_ALGO")
 
 
-@dataclass(frozen=True)
-class SweepResult:
-    run_dir: Path
-    state: str  # complete | interrupted
-    counts: dict[str, int]
-    warnings: tuple[str, ...] = field(default=())
-
-    @property
-    def all_ok(self) -> bool:
-        return self.state == "complete" and set(self.counts) <= {results.OK}
+# What run_sweep and run_confirm return (runner.py): the run folder, its state, launches per status and,
+# when complete, what was published (analyse/report.Published).
+SweepResult = runner.RunResult
 
 
 def default_run_dir(spec: Spec, root: Path = Path("reports")) -> Path:
@@ -272,21 +265,22 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
               env: dict[str, str] | None = None,
               on_progress: Callable[[Progress], None] | None = None,
               on_plan: Callable[[stages.StagePlan], None] | None = None,
-              confirm: bool = True, certify_sizes: bool = False,
+              confirm: bool = True, certify_sizes: bool = False, explain: bool = False, publish: bool = True,
               sampler: machinestate.Sampler | None = None) -> SweepResult:
     """Run every pending launch of a new run (``spec``) or of an interrupted one (``resume``): stage 1
     (the interleaved trials), then, unless ``confirm`` is False, stage 2 (verdict.py: fresh rounds of
     default and the screening's candidates).  Both stages' launches live in run.json, so Ctrl-C and
     --resume work across them.  ``sampler``: what reads the machine's state around each launch
-    (machinestate.py; default NVML for nccl runs, nothing for gloo)."""
+    (machinestate.py; default NVML for nccl runs, nothing for gloo).  A complete run is then explained
+    (``explain``: explain.py) and published (``publish``: verdicts, report.html, profiles; the result's
+    ``published``), as ``commdiag sweep`` does."""
     base_env = dict(os.environ if env is None else env)
     if resume is not None:
         run_dir = Path(resume)
-        run = results.load_run_json(run_dir)
-        spec = Spec.from_json(run["spec"])
+        spec = Spec.from_json(results.load_run_json(run_dir)["spec"])
         _check_reuse(spec, base_env)
         preflight(spec)
-        run["state"] = "running"
+        new = None
     else:
         assert spec is not None
         _check_reuse(spec, base_env)
@@ -298,49 +292,50 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
             if on_plan:
                 on_plan(plan)
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
-        if (run_dir / "run.json").exists():
-            raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with runlock.hold(run_dir):  # checked again under the lock: two sweeps may race for one --out
-            if (run_dir / "run.json").exists():
-                raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
+
+        def new() -> dict:
             run = new_run(spec, run_dir, nproc)
             run["confirm_requested"] = bool(confirm)
             if certify_sizes:
                 run["certify_sizes"] = {"trials": spec.trials}
-            results.save_run(run_dir, run)
-            return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
-    with runlock.hold(run_dir):
-        run = results.load_run_json(run_dir)  # read again under the lock: what the last holder left
-        run["state"] = "running"
-        _reap(run, run_dir)
-        return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
-
+            return run
+    with runner.opened(run_dir, load=results.load_run_json, save=results.save_run, new=new) as folder:
+        res = _run_stages(spec, folder, base_env, on_progress, on_plan, sampler)
+    return _publish(res, base_env, explain, publish)
 
 
 def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str] | None = None,
                 on_progress: Callable[[Progress], None] | None = None,
-                on_plan: Callable[[stages.StagePlan], None] | None = None,
+                on_plan: Callable[[stages.StagePlan], None] | None = None, publish: bool = True,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
     """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
     or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
-    with runlock.hold(run_dir):
-        return _confirm_locked(Path(run_dir), rounds, env, on_progress, on_plan, sampler)
-
-
-def _reap(run: dict, run_dir: Path) -> None:
-    """Before a resume reruns a launch: end what a killed commdiag left running (by launch marker)."""
-    ended = runlock.reap_orphans(run)
-    if ended:
-        run.setdefault("warnings", []).append(
-            f"ended {len(ended)} process(es) left running by an earlier commdiag in {run_dir} (pids "
-            f"{', '.join(map(str, ended))})")
-
-
-def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -> SweepResult:
     base_env = dict(os.environ if env is None else env)
-    run = results.load_run_json(run_dir)
-    _reap(run, run_dir)
+    with runner.opened(run_dir, load=results.load_run_json, save=results.save_run) as folder:
+        _confirm_plan(folder, rounds, base_env, on_plan)
+        res = _run_stages(Spec.from_json(folder.run["spec"]), folder, base_env, on_progress, on_plan, sampler)
+    return _publish(res, base_env, False, publish)
+
+
+def _publish(res: SweepResult, base_env: dict, explain: bool, publish: bool) -> SweepResult:
+    """A complete run's end, as the CLI shows it: explained (with ``explain``), then its verdicts,
+    report.html and profiles written (analyse/report.publish); an interrupted run has none of them."""
+    if res.state != "complete":
+        return res
+    if explain:
+        from . import explain as explain_mod
+
+        explain_mod.run_explain(res.run_dir, env=base_env)
+    if not publish:
+        return res
+    from ..analyse import report
+
+    return dataclasses.replace(res, published=report.publish(res.run_dir))
+
+
+def _confirm_plan(folder: runner.Folder, rounds, base_env: dict, on_plan) -> None:
+    """Before stage 2's launches: refuse what cannot run, and plan a first or a further look."""
+    run_dir, run = folder.path, folder.run
     spec = Spec.from_json(run["spec"])
     if any(l["status"] == results.PENDING and int(l.get("stage", 1)) == 1 for l in run["launches"]):
         raise CommdiagError(f"{run_dir}: stage 1 (screening) is unfinished; finish it first: "
@@ -368,91 +363,45 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -
     elif rounds is not None:
         raise CommdiagError(f"{run_dir}: stage 2 is unfinished; finish it first (commdiag confirm {run_dir}, without "
                             "--rounds), then extend it")
-    run["state"] = "running"
-    results.save_run(run_dir, run)
-    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
 
 
-def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan,
+def _run_stages(spec: Spec, folder: runner.Folder, base_env: dict, on_progress, on_plan,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
-    launcher.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
+    run, run_dir = folder.run, folder.path
+    run["state"] = "running"
+    folder.save()
     configs = {c["name"]: c for c in run["configs"]}
     run.setdefault("launch", _launch_record(spec))  # a run stored before launch methods: torchrun
-    if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
+    if on_plan and folder.pending():
         on_plan(stages.start_banner(spec, run, run_dir))
-    own_sampler = sampler is None
-    sampler = sampler or machinestate.open_sampler(spec.backend)
-    starter = Starter(spec, run, run_dir, base_env, on_plan)
-    try:
-        run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
-        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler, starter)
-        if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
-            samples, summary = results.assemble(run_dir, run)  # the tables just built, not read back from disk
-            scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
-            plan = stages.plan_stage2(spec, run, scr, run.pop("confirm_rounds_override", None) or spec.confirm_rounds,
-                                      launcher.utc_now())
-            results.save_run(run_dir, run)
-            if on_plan:
-                on_plan(plan)
-            interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler, starter)
-        run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
-    finally:
-        starter.close()
-        if own_sampler:
-            try:
-                sampler.close()  # waits for a reading thread still inside NVML (at most a few seconds)
-            except KeyboardInterrupt:  # a second Ctrl-C meanwhile: the run is still saved, resumable
-                interrupted = True
-    run["state"] = "interrupted" if interrupted else "complete"
-    run["finished_utc"] = None if interrupted else launcher.utc_now()
-    results.save_run(run_dir, run)
+
+    def pending(starter: Starter) -> bool:
+        return folder.run_pending(lambda batch: _one_process(spec, folder, batch, configs, base_env, sampler, starter),
+                                  keys=LAUNCH_KEYS, on_progress=on_progress,
+                                  batches=lambda p: process_batches(p, configs, spec.reuse_process))
+
+    with folder.watching(sampler, spec.backend) as sampler:
+        starter = Starter(spec, run, run_dir, base_env, on_plan)
+        try:
+            interrupted = pending(starter)
+            if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
+                samples, summary = results.assemble(run_dir, run)  # the tables just built, not read back from disk
+                scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
+                plan = stages.plan_stage2(spec, run, scr, run.pop("confirm_rounds_override", None) or spec.confirm_rounds,
+                                          launcher.utc_now())
+                folder.save()
+                if on_plan:
+                    on_plan(plan)
+                pending(starter)
+        finally:
+            starter.close()
+    res = folder.finish()
     results.assemble(run_dir, run)
-    counts: dict[str, int] = {}
-    for l in run["launches"]:
-        counts[l["status"]] = counts.get(l["status"], 0) + 1
-    return SweepResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
-
-
-
-def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
-                 sampler: machinestate.Sampler, starter: Starter) -> bool:
-    """Run every pending launch in order; True when interrupted (the launch in flight is pending again)."""
-    pending = [l for l in run["launches"] if l["status"] == results.PENDING]
-    done_walls: list[float] = []
-    done = 0
-    for batch in process_batches(pending, configs, spec.reuse_process):
-        try:
-            outcome = _one_process(spec, run, run_dir, batch, configs, base_env, sampler, starter)
-        except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
-            outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
-        if outcome.interrupted:
-            for launch in batch:
-                if launch.get("marker"):  # whatever it had started ends with it (Ctrl-C mid-start)
-                    launcher.kill_marked(launch["marker"])
-                for key in list(launch):
-                    if key not in LAUNCH_KEYS:
-                        launch.pop(key)
-                launch["status"] = results.PENDING
-            results.save_run(run_dir, run)
-            return True
-        try:
-            done_walls.append(outcome.wall_s / len(batch))
-            results.save_run(run_dir, run)
-            for launch in batch:
-                done += 1
-                if on_progress:
-                    left = len(pending) - done
-                    on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
-        except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
-            results.save_run(run_dir, run)
-            return True
-    return False
+    return res
 
 
 # What a pending launch keeps when it is reset: its identity and place in the plan.
 LAUNCH_KEYS = ("index", "config", "trial", "stage", "round", "marker")
-
-
 
 
 
@@ -481,10 +430,12 @@ def process_batches(launches: list[dict], configs: dict[str, dict], reuse: bool)
     return batches
 
 
-def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], configs: dict[str, dict],
-                 base_env: dict, sampler: machinestate.Sampler, starter: "Starter") -> launcher.LaunchOutcome:
+def _one_process(spec: Spec, run_folder: runner.Folder, batch: list[dict], configs: dict[str, dict],
+                 base_env: dict, sampler: machinestate.Sampler, starter: "Starter") -> float:
     """One launch's processes for ``batch`` (one launch, or several with reuse_process); record each,
-    with the machine's state around it (the same for every launch of a shared process)."""
+    with the machine's state around it (the same for every launch of a shared process); the process's
+    wall seconds (KeyboardInterrupt: interrupted, its processes ended)."""
+    run, run_dir = run_folder.run, run_folder.path
     folders = []
     for launch in batch:
         folder = results.launch_dir(run_dir, launch["index"])
@@ -527,9 +478,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
 
     def mark(marker: str) -> None:
         current["marker"] = marker
-        for launch in batch:
-            launch["marker"] = marker
-        results.save_run(run_dir, run)
+        run_folder.mark(batch, marker)
 
     with sampler.watch(lambda pid: bool(current["marker"]) and launcher.carries_marker(pid, current["marker"])) as watch:
         outcome, marker, method = starter.launch(
@@ -537,7 +486,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
             deadline_s=spec.timeout_s * len(batch),
             rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", mark=mark)
     if outcome.interrupted:
-        return outcome
+        raise KeyboardInterrupt
     machine = watch.record()
     found = [results.read_launch_result(run_dir, l["index"]) for l in batch]
     measured = sum(max(r.get("measure_s", 0.0) for r in res["ranks"]) for res in found if res)
@@ -556,7 +505,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
                 _require_nccl_proof(launch, plan["runs"][n]["set_env"], result)
         if spec.backend == "nccl" and result and launch["status"] == results.OK:
             _require_tuner_proof(launch, {**base_env, **configs[launch["config"]]["env"]}, result)
-    return outcome
+    return outcome.wall_s
 
 
 def _require_nccl_proof(launch: dict, set_env: dict, result: dict) -> None:
