@@ -280,7 +280,7 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
     """Run your own benchmark command (and server) per NCCL config, interleaved in shuffled rounds, and
     certify each metric against default: better, worse, equivalent within min_effect, or inconclusive
     with the rounds that would decide it (docs/ab.md)."""
-    from .ab import render, report as ab_report, runner, spec as ab_spec
+    from .ab import render, runner, spec as ab_spec
 
     quick = bool(configs or metrics or command)
     if resume is not None and (spec_file or sets or out or quick):
@@ -300,9 +300,9 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
     res = runner.run_ab(spec, run_dir=out, resume=resume, on_progress=progress,
                         on_start=None if as_json else (lambda line: _echo(line, err=True)))
     run = runner.load(res.run_dir)
-    a = render.analyse(run)
-    # report.html, like sweep's: a complete run only (an interrupted one has no verdicts yet)
-    page = ab_report.write_report(res.run_dir, run=run, a=a)[0] if res.state == "complete" else None
+    # analysed and report.html written by the library, like sweep's: a complete run only
+    a = res.published.analysis if res.published else render.analyse(run)
+    page = res.published.report if res.published else None
     if as_json:
         _echo(json.dumps(render.to_json(res.run_dir, run, a, res.counts, page), indent=1))
     else:

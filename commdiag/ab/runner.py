@@ -18,6 +18,7 @@ every second during and after it; the launch's own processes told by their marke
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import random
@@ -27,7 +28,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -35,7 +36,7 @@ from .. import __version__, metadata, readfile
 from ..atomic import write_json
 from ..errors import CommdiagError, brief
 from ..formats.spec import launch_order
-from ..measure import launcher, machinestate, runlock
+from ..measure import launcher, machinestate, runner as engine
 from ..measure.launcher import Progress
 from . import presets, server
 from .spec import AbSpec
@@ -48,12 +49,15 @@ TAIL_CHARS = 2000
 NCCL_PROOF_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
 
 
+# What run_ab returns (measure/runner.py): the run folder, its state, launches per status and, when
+# complete, what was published (AbPublished: the analysis and report.html).
+AbResult = engine.RunResult
+
+
 @dataclass(frozen=True)
-class AbResult:
-    run_dir: Path
-    state: str  # complete | interrupted
-    counts: dict[str, int]
-    warnings: tuple[str, ...] = field(default=())
+class AbPublished:
+    analysis: dict  # render.analyse(run): what the text, the JSON and the report show
+    report: Path
 
 
 def default_run_dir(spec: AbSpec, root: Path = Path("reports")) -> Path:
@@ -149,82 +153,44 @@ def new_run(spec: AbSpec) -> dict:
 
 def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
            env: dict[str, str] | None = None, on_progress: Callable[[Progress], None] | None = None,
-           on_start: Callable[[str], None] | None = None,
+           on_start: Callable[[str], None] | None = None, publish: bool = True,
            sampler: machinestate.Sampler | None = None) -> AbResult:
-    """Run every pending launch of a new A/B (``spec``) or an interrupted one (``resume``).
-    ``sampler``: what reads the machine's state around each launch (default: NVML when it is there;
-    a replay of recorded readings in tests)."""
+    """Run every pending launch of a new A/B (``spec``) or an interrupted one (``resume``); a complete
+    run is then published (``publish``: its analysis and report.html, the result's ``published``), as
+    ``commdiag ab`` does.  ``sampler``: what reads the machine's state around each launch (default:
+    NVML when it is there; a replay of recorded readings in tests)."""
     base_env = dict(os.environ if env is None else env)
     if resume is None:
         assert spec is not None
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
-        if (run_dir / "run.json").exists():
-            raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
     else:
         run_dir = Path(resume)
-    with runlock.hold(run_dir):
-        if resume is None:
-            if (run_dir / "run.json").exists():
-                raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
-            run = new_run(spec)
-        else:
-            run = load(run_dir)
-            spec = AbSpec.from_json(run["spec"])
-            ended = runlock.reap_orphans(run)
-            if ended:
-                run.setdefault("warnings", []).append(
-                    f"ended {len(ended)} process(es) left running by an earlier commdiag (pids "
-                    f"{', '.join(map(str, ended))})")
+    new = (lambda: new_run(spec)) if resume is None else None
+    with engine.opened(run_dir, load=load, save=save, new=new) as folder:
+        run = folder.run
+        spec = spec if resume is None else AbSpec.from_json(run["spec"])
         run["state"] = "running"
-        save(run_dir, run)
-        own_sampler = sampler is None
+        folder.save()
+        configs = {c["name"]: c for c in run["configs"]}
+        pending = folder.pending()
+        if on_start and pending:
+            on_start(f"run folder {run_dir}: {len(pending)} launch(es) to run ({len(configs)} arms x "
+                     f"{spec.rounds} rounds, shuffled within each round)")
+
+        def one(batch: list[dict]) -> float:
+            one_launch(spec, run, run_dir, batch[0], configs[batch[0]["config"]], base_env, sampler)
+            return batch[0].get("wall_s", 0.0)
+
         # The user's benchmark may use any GPU of the machine: NVML is read whenever it is there.
-        sampler = sampler or machinestate.open_sampler("nccl")
-        try:
-            return _run_pending(spec, run, run_dir, base_env, on_progress, on_start, sampler)
-        finally:
-            if own_sampler:
-                sampler.close()
+        with folder.watching(sampler, "nccl") as sampler:
+            folder.run_pending(one, keys=LAUNCH_KEYS, on_progress=on_progress)
+        res = folder.finish()
+    if publish and res.state == "complete":
+        from . import report
 
-
-def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_progress, on_start,
-                 sampler: machinestate.Sampler) -> AbResult:
-    launcher.take_back_sigint()  # resumable after Ctrl-C, however it was started
-    configs = {c["name"]: c for c in run["configs"]}
-    pending = [l for l in run["launches"] if l["status"] == PENDING]
-    if on_start and pending:
-        on_start(f"run folder {run_dir}: {len(pending)} launch(es) to run ({len(configs)} arms x "
-                 f"{spec.rounds} rounds, shuffled within each round)")
-    walls: list[float] = []
-    interrupted = False
-    run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
-    try:
-        for n, launch in enumerate(pending, 1):
-            try:
-                one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env, sampler)
-            except KeyboardInterrupt:
-                for key in list(launch):
-                    if key not in LAUNCH_KEYS:
-                        launch.pop(key)
-                launch["status"] = PENDING
-                interrupted = True
-                break
-            finally:
-                save(run_dir, run)
-            walls.append(launch.get("wall_s", 0.0))
-            if on_progress:
-                on_progress(Progress(n, len(pending), launch, (len(pending) - n) * sum(walls) / len(walls)))
-    except KeyboardInterrupt:  # between launches (saving, printing): resumable all the same
-        interrupted = True
-    run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
-    run["state"] = "interrupted" if interrupted else "complete"
-    run["finished_utc"] = None if interrupted else launcher.utc_now()
-    save(run_dir, run)
-    counts: dict[str, int] = {}
-    for l in run["launches"]:
-        counts[l["status"]] = counts.get(l["status"], 0) + 1
-    return AbResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
+        page, analysis = report.write_report(run_dir, run=load(run_dir))
+        res = dataclasses.replace(res, published=AbPublished(analysis, page))
+    return res
 
 
 def _free_port() -> str:

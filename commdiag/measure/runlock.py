@@ -109,9 +109,11 @@ def _read_pid(fd: int) -> int | None:
 
 
 def _markers(run: dict) -> set[str]:
-    """The launch markers recorded in run.json (data read from disk: only well-formed ones)."""
+    """The launch markers recorded in run.json, a measuring command's and explain's (data read from
+    disk: only well-formed ones)."""
     out = set()
-    for launch in run.get("launches") or []:
+    for launch in [l for key in ("launches", "explain_launches") if isinstance(run.get(key), list)
+                   for l in run[key]]:
         m = launch.get("marker") if isinstance(launch, dict) else None
         if isinstance(m, str) and _MARKER_RE.fullmatch(m):
             out.add(m)
