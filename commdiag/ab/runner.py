@@ -6,9 +6,10 @@ measured run of the user's command (stdout.txt, stderr.txt), the server stopped,
 A launch that fails (the server never ready, crashed, outlived its stop; the command failed or
 timed out; a metric missing; no NCCL proof) is recorded with its reason and the run goes on.
 
-The safety rules of sweep hold: run.json through the one writer after every launch, the run-folder
-lock, each launch's marker in run.json before anything starts (a resume ends what a killed commdiag
-left running), Ctrl-C leaves a resumable folder (the launch in flight is pending again).
+The run folder lives the life of sweep's, through the same engine (measure/runner.py): the lock,
+orphans of a killed commdiag ended by marker, run.json (ab/runfile.py) saved after every launch,
+Ctrl-C back to pending; this module is only ab's run.json head and ``one_launch``, which records the
+launch's marker before anything starts.  A complete run is published (its analysis, report.html).
 
 The machine's state is read around every launch as in sweep (measure/machinestate.py: NVML before,
 every second during and after it; the launch's own processes told by their marker): run.json's
@@ -22,7 +23,6 @@ import dataclasses
 import datetime as dt
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -32,18 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, metadata, readfile
-from ..atomic import write_json
-from ..errors import CommdiagError, brief
+from .. import __version__, metadata
+from ..errors import CommdiagError
 from ..formats.spec import launch_order
 from ..measure import launcher, machinestate, runner as engine
 from ..measure.launcher import Progress
 from . import presets, server
+from .runfile import FAILED, OK, PENDING, RUN_FORMAT, RUN_FORMAT_VERSION, load, save  # noqa: F401 (ab's names)
 from .spec import AbSpec
 
-RUN_FORMAT = "commdiag-ab"
-RUN_FORMAT_VERSION = 2  # 2: machine_state, launches[].machine (docs/formats.md)
-PENDING, OK, FAILED = "pending", "ok", "failed"
 LAUNCH_KEYS = ("index", "config", "round", "marker")
 TAIL_CHARS = 2000
 NCCL_PROOF_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
@@ -62,79 +59,6 @@ class AbPublished:
 
 def default_run_dir(spec: AbSpec, root: Path = Path("reports")) -> Path:
     return root / f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-ab-{spec.name}"
-
-
-def save(run_dir: Path, run: dict) -> None:
-    write_json(Path(run_dir) / "run.json", run)
-
-
-def load(run_dir: str | Path) -> dict:
-    import json
-
-    path = Path(run_dir) / "run.json"
-    try:
-        run = json.loads(readfile.read_text(path))
-    except FileNotFoundError:
-        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag ab run folder?") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise CommdiagError(f"{path}: cannot read: {str(e)[:200]}") from None
-    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
-        found = run.get("format") if isinstance(run, dict) else type(run).__name__
-        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag ab run ({RUN_FORMAT!r})")
-    v = run.get("version")
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= RUN_FORMAT_VERSION:
-        raise CommdiagError(f"{path}: version: {v!r} is not an ab run version this commdiag reads "
-                            f"(1..{RUN_FORMAT_VERSION})")
-    if not isinstance(run.get("spec"), dict) or not isinstance(run.get("launches"), list):
-        raise CommdiagError(f"{path}: spec or launches missing; the file was damaged or not written by commdiag")
-    _check_shape(run, path)
-    return run
-
-
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_shape(run: dict, path: Path) -> None:
-    """The parts the verdicts, the text and report.html index into: a damaged or hand-edited run.json
-    is one error naming the field, not a TypeError deep inside the report (results._check_shape is
-    sweep's)."""
-    def bad(fld: str, why: str) -> CommdiagError:
-        return CommdiagError(f"{path}: {fld}: {why}; the file was damaged or not written by commdiag")
-
-    metrics = run["spec"].get("metrics", [])
-    if not isinstance(metrics, list) or not all(isinstance(m, dict) and isinstance(m.get("name"), str)
-                                                for m in metrics):
-        raise bad("spec.metrics", "not a list of {name: string, ...}")
-    configs = run.get("configs")
-    if not isinstance(configs, list):
-        raise bad("configs", "missing or not a list")
-    names = set()
-    for i, c in enumerate(configs):
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("overrides", {}), dict):
-            raise bad(f"configs[{i}]", "not {name: string, overrides: mapping}")
-        if _CONTROL.search(c["name"]):  # a spec never allows it; printed to terminals and the report
-            raise bad(f"configs[{i}].name", f"{brief(c['name'])} contains control characters")
-        names.add(c["name"])
-    statuses = (PENDING, OK, FAILED)
-    for i, l in enumerate(run["launches"]):
-        if not isinstance(l, dict):
-            raise bad(f"launches[{i}]", "not a mapping")
-        for key in ("index", "round"):
-            v = l.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise bad(f"launches[{i}].{key}", f"{brief(v)} is not an integer >= 0")
-        if l.get("status") not in statuses:
-            raise bad(f"launches[{i}].status", f"{brief(l.get('status'))} is not one of {', '.join(statuses)}")
-        if l.get("config") not in names:
-            raise bad(f"launches[{i}].config", f"{brief(l.get('config'))} is not one of the run's configs")
-        values = l.get("values")
-        if values is not None and (not isinstance(values, dict)
-                                   or not all(isinstance(k, str) and _number(x) for k, x in values.items())):
-            raise bad(f"launches[{i}].values", "not a mapping of metric name to number")
 
 
 def new_run(spec: AbSpec) -> dict:
