@@ -3,18 +3,18 @@
 A launch's processes are forks of per-rank launch servers (``launch: forkserver``,
 serverpool.py) or a fresh torchrun (``launch: torchrun``); docs/launch-methods.md.
 
-``run_sweep`` is the library entry point behind ``commdiag sweep``.  It validates
-prerequisites before the first launch, writes run.json after every launch
-(atomically), and on Ctrl-C kills the launch in flight, marks it pending and
-returns a resumable run.  ``--resume`` re-reads run.json and runs only the
-launches that are still pending.  Around every launch it records the machine's state
-(machinestate.py: NVML clocks, throttling, link, other processes; nccl runs only).
+``run_sweep`` is the library entry point behind ``commdiag sweep`` (and ``step``): it validates
+prerequisites before the first launch and, once the run is complete, publishes it (verdicts,
+report.html, profiles: what the CLI prints and writes).  The run folder's life (the lock, orphans
+of a killed commdiag, run.json after every launch, Ctrl-C back to pending, ``--resume`` running
+only what is pending) is runner.py's; this module is sweep's kind of launch: its run.json head,
+the worker's plan, how a launch's outcome is recorded and proven.  Around every launch the machine's
+state is recorded (machinestate.py: NVML clocks, throttling, link, other processes; nccl runs only).
 
-Two stages (verdict.py): stage 1 is the interleaved trials; when it is done the
-sweep screens it, records the confirmation plan in run.json and appends stage 2's
-rounds as pending launches, so an interrupted confirmation resumes like any other
-launch.  ``run_confirm`` (``commdiag confirm``) runs, finishes or extends stage 2
-of an existing run.
+Two stages (verdict.py): stage 1 is the interleaved trials; when it is done the sweep screens it
+and stages.py records the confirmation plan in run.json and appends stage 2's rounds as pending
+launches, so an interrupted confirmation resumes like any other launch.  ``run_confirm``
+(``commdiag confirm``) runs, finishes or extends stage 2 of an existing run.
 """
 
 from __future__ import annotations
@@ -258,7 +258,6 @@ def _nvml_fingerprint(spec: Spec) -> dict:
         return {"nvml_readings_error": str(e)}
     except Exception as e:  # NVML must never stop a sweep; say what happened instead
         return {"nvml_readings_error": f"{e.__class__.__name__}: {str(e)[:200]}"}
-
 
 
 def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
