@@ -347,7 +347,9 @@ def test_without_plotly_a_finished_run_keeps_its_verdicts_and_profiles_and_says_
                               f"commdiag report {run_dir}"
     assert "profile.env" in pub.profiles and (run_dir / "profile.env").is_file()  # the certified winner's
     with pytest.raises(SystemExit) as ended:
-        cli._finish_run(SimpleNamespace(run_dir=run_dir, state="complete", counts={"ok": 1}, all_ok=True), False)
+        # what run_sweep returns for it (the library publishes; the CLI prints what was published)
+        cli._finish_run(SimpleNamespace(run_dir=run_dir, state="complete", counts={"ok": 1}, all_ok=True,
+                                        published=pub), False)
     assert ended.value.code == 0  # the sweep succeeded: only its page is missing
     out = words(capsys.readouterr().out)
     assert "report: not written: plotly is not installed here (pip install plotly)" in out
