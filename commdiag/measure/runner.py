@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import CommdiagError
+from ..formats.results import OK, PENDING  # the launch statuses every kind shares (ab/runfile.py: the same)
 from . import launcher, machinestate, runlock
 from .launcher import Progress
-
-PENDING, OK = "pending", "ok"  # the launch statuses every kind shares (formats/results.py, ab/runner.py)
 
 
 @dataclass(frozen=True)
