@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, metadata
+from .. import metadata
 from ..errors import CommdiagError
 from ..formats.spec import launch_order
 from ..measure import launcher, machinestate, runner as engine
@@ -64,9 +64,7 @@ def default_run_dir(spec: AbSpec, root: Path = Path("reports")) -> Path:
 def new_run(spec: AbSpec) -> dict:
     seed = spec.seed if spec.seed is not None else random.SystemRandom().randrange(2 ** 31)
     return {
-        "format": RUN_FORMAT, "version": RUN_FORMAT_VERSION, "commdiag_version": __version__,
-        "created_utc": launcher.utc_now(), "finished_utc": None, "state": "running",
-        "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(), "seed": seed,
+        **engine.head(RUN_FORMAT, RUN_FORMAT_VERSION, spec), "seed": seed,
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides} for c in spec.configs],
         "launches": [{"index": l.index, "config": l.config, "round": l.trial, "status": PENDING}
                      for l in launch_order(spec, seed)],

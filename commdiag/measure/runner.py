@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .. import __version__
 from ..errors import CommdiagError
 from ..formats.results import OK, PENDING  # the launch statuses every kind shares (ab/runfile.py: the same)
 from . import launcher, machinestate, runlock
@@ -52,6 +53,14 @@ class RunResult:
     @property
     def all_ok(self) -> bool:
         return self.state == "complete" and set(self.counts) <= {OK}
+
+
+def head(fmt: str, version: int, spec) -> dict:
+    """The keys every kind's run.json starts with: its format and version, who wrote it and when, its
+    state, and the spec as given and resolved (``spec``: a formats/spec.Spec or an ab/spec.AbSpec)."""
+    return {"format": fmt, "version": version, "commdiag_version": __version__, "created_utc": launcher.utc_now(),
+            "finished_utc": None, "state": "running",
+            "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json()}
 
 
 def refuse_existing(run_dir: Path) -> None:

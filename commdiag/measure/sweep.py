@@ -30,7 +30,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, metadata
+from .. import metadata
 from ..analyse import verdict
 from . import launcher, machinestate, runner, serverpool, stages
 from .launcher import Progress
@@ -144,10 +144,7 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
     seed = _seed(spec)
     order = launch_order(spec, seed)
     return {
-        "format": results.RUN_FORMAT, "version": results.RUN_FORMAT_VERSION,
-        "commdiag_version": __version__, "created_utc": launcher.utc_now(), "finished_utc": None,
-        "state": "running",
-        "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
+        **runner.head(results.RUN_FORMAT, results.RUN_FORMAT_VERSION, spec),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
         "method": _method(spec),
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
