@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 from ..childpython import module_argv
-from . import launcher
+from . import afterfork, launcher
+from .forkserver import DROP_PREFIXES
 
 START_TIMEOUT_S = 300.0  # a server's imports (torch: 3 s on H200; minutes on a loaded small box)
 ANSWER_TIMEOUT_S = 30.0  # for "started"/"refused" after a launch command
@@ -80,44 +81,81 @@ class _Server:
         self.buf = b""
         self.child: int | None = None
         self.exit: int | None = None
+        self.proof: afterfork.Proof | None = None  # what it reported when ready
 
     def fileno(self) -> int:
         return self.proc.stdout.fileno()
 
 
+class _Group:
+    """One launch server per rank, every one started with ``start_env``.  It serves a launch whose
+    environment differs from ``start_env`` only in variables its servers proved unread before the
+    fork (afterfork.Proof.safe); ``key`` is what the run records of it."""
+
+    def __init__(self, index: int, start_env: dict[str, str], key: dict[str, str]):
+        self.index, self.start_env, self.key = index, start_env, key
+        self.servers: list[_Server] = []
+
+    def unsafe_changes(self, envs: list[dict[str, str]]) -> list[str]:
+        """The variables of ``envs`` (one per rank) that a child of this group could not take."""
+        bad: set[str] = set()
+        for s, env in zip(self.servers, envs):
+            if s.proof is None:
+                return ["(no proof reported)"]
+            bad.update(s.proof.differing_unsafe(self.start_env, env, ignore=DROP_PREFIXES))
+        return sorted(bad)
+
+
 class ServerPool:
-    """``nproc`` launch servers sharing one marker; started lazily, restarted after a failure."""
+    """Launch servers sharing one marker, in groups of ``nproc`` (one per rank) keyed by their start
+    environment; started lazily, restarted after a failure.
+
+    Exact for every variable: a launch runs on a group whose start environment it differs from only in
+    variables the servers proved unread before the fork (afterfork.py: NCCL_*, the rendezvous
+    variables, ... minus whatever the imports read); any other difference (TORCH_DISTRIBUTED_DEBUG,
+    LD_PRELOAD, OMP_NUM_THREADS, ...) gets a group started with it.  A sweep that sets only NCCL_*
+    variables runs on one group; at most ``MAX_GROUPS`` live at once (the least recently used is
+    closed)."""
+
+    MAX_GROUPS = 4
 
     def __init__(self, nproc: int, base_env: dict[str, str], stderr_path: Path | None = None):
         self.nproc, self.base_env = nproc, dict(base_env)
         self.stderr_path = stderr_path
         self.marker = launcher.new_marker()  # the one the next started servers will carry
-        self.servers: list[_Server] = []
+        self.groups: list[_Group] = []  # the least recently used first
+        self.servers: list[_Server] = []  # the group of the launch under way
+        self.proof: afterfork.Proof | None = None  # the last one a server reported: keys new groups
+        self.started: list[dict] = []  # every group started, for run.json (launch.server_groups)
+        self.last_group: int | None = None  # the group index of the last launch
 
     # -- life cycle ------------------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
-        return bool(self.servers)
+        return bool(self.groups)
 
     def server_pids(self) -> set[int]:
-        return {s.proc.pid for s in self.servers}
+        return {s.proc.pid for g in self.groups for s in g.servers}
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        env = launcher.launch_env(self.base_env, process_defaults(self.base_env, self.nproc),
-                                  {launcher.MARKER: self.marker})
+    def _start_group(self, start_env: dict[str, str], timeout_s: float) -> _Group:
+        while len(self.groups) >= self.MAX_GROUPS:
+            self._close_group(self.groups.pop(0))
+        group = _Group(len(self.started), start_env, {})
+        self.groups.append(group)
+        self.started.append({"index": group.index})
         argv = module_argv("commdiag.measure.forkserver")
         err = open(self.stderr_path, "ab") if self.stderr_path else subprocess.DEVNULL
         try:
             for rank in range(self.nproc):
-                proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                proc = subprocess.Popen(argv, env=start_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=err, start_new_session=True)
-                self.servers.append(_Server(rank, proc))
+                group.servers.append(_Server(rank, proc))
         finally:
             if err is not subprocess.DEVNULL:
                 err.close()
         deadline = time.monotonic() + timeout_s
-        for s in self.servers:
+        for s in group.servers:
             msg = self._read(s, deadline)
             if msg is None or "ready" not in msg:
                 late = time.monotonic() >= deadline
@@ -125,17 +163,41 @@ class ServerPool:
                 raise PoolBroken(f"launch server of rank {s.rank} did not start"
                                  + (f" within {timeout_s:g} s" if late else "")
                                  + (f" (see {self.stderr_path})" if self.stderr_path else ""), timed_out=late)
+            if isinstance(msg.get("proof"), dict):
+                s.proof = self.proof = afterfork.Proof.from_json(msg["proof"])
+        # what tells this group apart: its variables beyond the user's that no child may change
+        group.key = {k: v for k, v in start_env.items() if self.base_env.get(k) != v
+                     and k not in (launcher.MARKER, "PYTHONPATH") and not (self.proof and self.proof.safe(k))}
+        self.started[-1].update(key=group.key, proof=self.proof.to_json() if self.proof else None)
+        return group
 
-    def close(self) -> int:
-        """End every server (EOF first: it kills its children), then anything left with the marker;
-        returns how many such leftovers were killed."""
-        for s in self.servers:
+    def _group_for(self, base: dict[str, str], envs: list[dict[str, str]], deadline: float) -> _Group:
+        """The group that serves this launch: a live one, else one started for it (its start
+        environment: ``base`` without the variables proven unread before the fork)."""
+        for g in reversed(self.groups):
+            if not g.unsafe_changes(envs):
+                self.groups.remove(g)
+                self.groups.append(g)
+                return g
+        for _attempt in range(2):  # the second with what the first start's servers proved
+            proof = self.proof
+            start_env = {k: v for k, v in base.items() if not (proof and proof.safe(k))}
+            g = self._start_group(start_env, max(0.0, min(START_TIMEOUT_S, deadline - time.monotonic())))
+            bad = g.unsafe_changes(envs)
+            if not bad:
+                return g
+        raise ServerRefused(f"a launch server cannot take {', '.join(bad[:8])} after the fork, even when "
+                            "started with the launch's own environment")
+
+    def _close_group(self, group: _Group) -> None:
+        """EOF to each server of ``group`` (it kills its children and exits), SIGKILL if it lingers."""
+        for s in group.servers:
             try:
                 s.proc.stdin.close()
             except OSError:
                 pass
         end = time.monotonic() + launcher.KILL_GRACE_S
-        for s in self.servers:
+        for s in group.servers:
             try:
                 s.proc.wait(timeout=max(0.0, end - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -146,11 +208,17 @@ class ServerPool:
                     pass
             if s.proc.stdout:
                 s.proc.stdout.close()
+
+    def close(self) -> int:
+        """End every server (EOF first: it kills its children), then anything left with the marker;
+        returns how many such leftovers were killed."""
+        for g in self.groups:
+            self._close_group(g)
         killed = 0
-        if self.servers:
+        if self.groups:
             killed = launcher.kill_marked(self.marker)  # children of a server that was killed
             self.marker = launcher.new_marker()
-        self.servers = []
+        self.groups, self.servers = [], []
         return killed
 
     # -- one launch ------------------------------------------------------------------------------
@@ -163,8 +231,6 @@ class ServerPool:
         log = plan_path.parent / LOG_NAME
         log.touch()
         try:
-            if not self.running:  # the launch's deadline covers the servers' start, as torchrun's does
-                self.start(min(START_TIMEOUT_S, deadline_s))
             return self._launch(index, config_env, extra_env, plan_path, log, t0, deadline_s)
         except KeyboardInterrupt:
             self._end_children()
@@ -179,11 +245,14 @@ class ServerPool:
         port = free_port()
         base = launcher.launch_env(self.base_env, config_env, {**extra_env, launcher.MARKER: self.marker})
         base.update(process_defaults(base, self.nproc))
+        envs = [{**base, **rank_env(base, rank, self.nproc, port)} for rank in range(self.nproc)]
+        # the launch's deadline covers a group's start, as a torchrun launch's covers its imports
+        group = self._group_for(base, envs, t0 + deadline_s)
+        self.servers, self.last_group = group.servers, group.index
         plan_path, log = plan_path.resolve(), log.resolve()
-        for s in self.servers:
+        for s, env in zip(self.servers, envs):
             s.child = s.exit = None
-            cmd = {"launch": index, "env": {**base, **rank_env(base, s.rank, self.nproc, port)},
-                   "plan": str(plan_path), "log": str(log)}
+            cmd = {"launch": index, "env": env, "plan": str(plan_path), "log": str(log)}
             try:
                 s.proc.stdin.write((json.dumps(cmd) + "\n").encode())
                 s.proc.stdin.flush()
