@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -63,7 +64,10 @@ char *secure_getenv(const char *n) {
 def build_interposer(folder: Path) -> Path:
     src, lib = folder / "ge.c", folder / "ge.so"
     src.write_text(INTERPOSER_C)
-    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(src), "-ldl"], check=True,
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc) on PATH: the getenv interposer cannot be built")
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(src), "-ldl"], check=True,
                    capture_output=True, timeout=120)
     return lib
 

@@ -179,15 +179,22 @@ class ServerPool:
                 self.groups.remove(g)
                 self.groups.append(g)
                 return g
-        for _attempt in range(2):  # the second with what the first start's servers proved
+        bad: list[str] = []
+        for _attempt in range(3):  # later ones with what the servers just started proved
             proof = self.proof
-            start_env = {k: v for k, v in base.items() if not (proof and proof.safe(k))}
+            # candidates out of the start environment unless a server proved them read: a whole-
+            # environment walk at import (CUDA torch has one) then sees none of a config's NCCL_*
+            start_env = {k: v for k, v in base.items()
+                         if not (proof.safe(k) if proof is not None else afterfork.is_candidate(k))}
             g = self._start_group(start_env, max(0.0, min(START_TIMEOUT_S, deadline - time.monotonic())))
             bad = g.unsafe_changes(envs)
             if not bad:
                 return g
+            self.groups.remove(g)  # it proved more read than assumed: of no use for this launch
+            self._close_group(g)
+            self.started[g.index]["closed"] = f"read before the fork: {', '.join(bad[:8])}"
         raise ServerRefused(f"a launch server cannot take {', '.join(bad[:8])} after the fork, even when "
-                            "started with the launch's own environment")
+                            "started with them")
 
     def _close_group(self, group: _Group) -> None:
         """EOF to each server of ``group`` (it kills its children and exits), SIGKILL if it lingers."""
