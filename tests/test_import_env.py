@@ -94,30 +94,39 @@ def test_what_a_child_may_change_after_the_fork():
 
 
 def test_the_spec_of_issue_28_is_certified_under_the_default_launch_and_its_a_a_is_not(tmp_path):
-    """#28 item 1: TORCH_DISTRIBUTED_DEBUG=DETAIL in base_env, a config setting it OFF.  A server forked
-    with DETAIL kept DETAIL in every child (no effect seen); now each value has launch servers of its own
-    and the config is certified faster, under the default launch (forkserver for gloo).  ``aa`` is the
-    default's own value under another name: it must never be certified."""
-    out = tmp_path / "run"
-    spec = write_spec(tmp_path / "s.yaml", sizes={"hidden": 1024, "tokens": [1, 2, 4]}, trials=3,
-                      base_env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
-                      configs={"fast": {"TORCH_DISTRIBUTED_DEBUG": "OFF"}, "aa": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}},
-                      confirm={"configs": ["fast", "aa"]})
-    proc = run_cli("sweep", spec, "--out", out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = results.load_run_json(out)
-    assert run["launch"]["method"] == "forkserver" and "note" not in run["launch"]
-    groups = run["launch"]["server_groups"]
-    by_config = {}
-    for l in run["launches"]:
-        assert l["launched_by"] == "forkserver"
-        by_config.setdefault(l["config"], set()).add(groups[l["server_group"]]["key"].get("TORCH_DISTRIBUTED_DEBUG"))
-    assert by_config == {"default": {"DETAIL"}, "aa": {"DETAIL"}, "fast": {"OFF"}}
-    text = words(proc.stdout)
+    """#28 item 1, as reported: TORCH_DISTRIBUTED_DEBUG=DETAIL in base_env, one config setting it OFF
+    (the spec's own warmup and iterations).  A server forked with one value kept it in every child (no
+    effect seen: ratios 0.96-1.26); now each value has launch servers of its own and the config is
+    certified faster under the default launch (forkserver for gloo).  Then the A/A: ``aa`` is the
+    default's own value under another name, tested in stage 2 either way: it must not be certified."""
+    sizes = {"hidden": 1024, "tokens": [1, 2, 4]}
+    base = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    runs = {}
+    # 10 rounds instead of the 7 the one claim needs: on 2 loaded cores the rounds' noise was 50-55%
+    # (2026-12-04, load average 15-20: the claim's ratio was 0.67-0.73 under both launch methods, p 0.02-0.04
+    # at 7 rounds); the signed-rank test at 10 rounds tolerates a small round of the wrong sign
+    for name, configs, extra in (("fast", {"fast": {"TORCH_DISTRIBUTED_DEBUG": "OFF"}}, {"confirm": {"rounds": 10}}),
+                                 ("aa", {"aa": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}}, {"confirm": {"configs": ["aa"]}})):
+        spec = write_spec(tmp_path / f"{name}.yaml", sizes=sizes, trials=3, warmup=20, iters=200, base_env=base,
+                          configs=configs, **extra)
+        proc = run_cli("sweep", spec, "--out", tmp_path / name)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        run = results.load_run_json(tmp_path / name)
+        assert run["launch"]["method"] == "forkserver" and "note" not in run["launch"]
+        groups = run["launch"]["server_groups"]
+        used = {}
+        for l in run["launches"]:
+            assert l["launched_by"] == "forkserver"
+            used.setdefault(l["config"], set()).add(groups[l["server_group"]]["key"].get("TORCH_DISTRIBUTED_DEBUG"))
+        runs[name] = (words(proc.stdout), used)
+        assert not [p for l in run["launches"] for p in launcher.marked_pids(l["marker"])]
+    text, used = runs["fast"]
+    assert used == {"default": {"DETAIL"}, "fast": {"OFF"}}  # each value on servers started with it
     assert re.search(r"fast vs default, decode band \(eager\): certified \d+(\.\d+)?% faster", text), text[-3000:]
-    assert "aa vs default, decode band (eager): not certified" in text
+    text, used = runs["aa"]
+    assert used == {"default": {"DETAIL"}, "aa": {"DETAIL"}}
+    assert "aa vs default, decode band (eager): not certified" in text and "A/A check: PASS" in text
     assert not re.search(r"aa vs default[^:]*: certified", text)
-    assert not [p for l in run["launches"] for p in launcher.marked_pids(l["marker"])]
 
 
 def test_a_pool_shares_servers_across_nccl_settings_and_starts_new_ones_for_anything_else(tmp_path):

@@ -1,8 +1,8 @@
 """One rank's launch server: imports torch and the worker once, then forks a fresh child per launch.
 
 Started by serverpool.py as ``python -P -m commdiag.measure.forkserver`` (one per local rank, in
-its own session, its environment the user's plus the pool's marker).  Its stdin and stdout are the
-control channel, one JSON document per line:
+its own session, its environment the launch's less what a child may take after the fork, with the
+pool's marker).  Its stdin and stdout are the control channel, one JSON document per line:
 
     commdiag -> server   {"launch": INDEX, "env": {...}, "plan": PATH, "log": PATH}
     server -> commdiag   {"ready": PID, "proof": PROOF}      once, after the imports (afterfork.Proof)

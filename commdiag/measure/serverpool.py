@@ -1,6 +1,9 @@
-"""The launch servers of one run (``launch: forkserver``): one per local rank, driven over pipes.
+"""The launch servers of one run (``launch: forkserver``): groups of one per local rank, over pipes.
 
-The sweep starts the pool at its first launch and keeps it for the run.  Per launch it sends every
+The sweep starts the pool at its first launch and keeps it for the run.  A group's servers are
+started with the launch's environment less the variables a child may take after the fork
+(afterfork.py); a launch that differs from every live group in anything else gets a group of its
+own (``ServerPool``), so no child ever runs with a value its server read before the fork.  Per launch it sends every
 rank's server the launch's environment (the user's, the config's, NCCL's debug settings, the rank
 variables torchrun would set, a fresh MASTER_PORT: rank 0's child hosts the TCPStore as ``env://``
 does), waits for every child's exit or the deadline, and returns a launcher.LaunchOutcome, as a
