@@ -154,3 +154,57 @@ def test_a_pool_shares_servers_across_nccl_settings_and_starts_new_ones_for_anyt
     assert started[0]["proof"]["measured"] and started[0]["proof"]["names_read"] > 0
     assert [s["NCCL_PROTO"] for s in seen] == ["LL", "Simple", "LL", None]
     assert [s["TORCH_DISTRIBUTED_DEBUG"] for s in seen] == [None, None, "DETAIL", None]
+
+
+def _fake_pool(monkeypatch, proof: afterfork.Proof):
+    """A 2-rank pool whose group starts are stubs reporting ``proof`` (no processes): the keying alone."""
+    from types import SimpleNamespace
+
+    pool = serverpool.ServerPool(2, {"PATH": "/usr/bin", "HOME": "/root"})
+    closed = []
+
+    def start(start_env, timeout_s):
+        group = serverpool._Group(len(pool.started), start_env, {})
+        pool.proof = proof
+        group.servers = [SimpleNamespace(proof=proof) for _ in range(2)]
+        pool.groups.append(group)
+        pool.started.append({"index": group.index})
+        return group
+
+    monkeypatch.setattr(pool, "_start_group", start)
+    monkeypatch.setattr(pool, "_close_group", lambda g: closed.append(g.index))
+
+    def group_for(config):
+        base = launcher.launch_env(pool.base_env, {"NCCL_NVLS_ENABLE": "0", **config}, {launcher.MARKER: "m"})
+        envs = [{**base, **serverpool.rank_env(base, r, 2, 29500 + len(pool.started))} for r in range(2)]
+        return pool._group_for(envs, deadline=1e12)
+
+    return pool, closed, group_for
+
+
+def test_pool_keys_groups_by_what_their_servers_proved_read(monkeypatch):
+    """Servers that read NCCL_NVLS_ENABLE at import, as CUDA torch 2.11 does.  The first group starts
+    without any candidate, proves NCCL_NVLS_ENABLE read, cannot serve a launch that sets it and is
+    closed; the next starts with it and then serves every NCCL-only change; TORCH_DISTRIBUTED_DEBUG
+    gets a group of its own."""
+    pool, closed, group_for = _fake_pool(monkeypatch, afterfork.Proof(
+        torch="2.11.0+cu130", measured=True, python_reads=["NCCL_NVLS_ENABLE"]))
+    first = group_for({"NCCL_PROTO": "LL"})
+    assert closed == [0] and first.index == 1
+    assert first.start_env["NCCL_NVLS_ENABLE"] == "0" and "NCCL_PROTO" not in first.start_env
+    assert group_for({"NCCL_PROTO": "Simple", "NCCL_ALGO": "Ring"}) is first
+    assert group_for({}) is first
+    debug = group_for({"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "NCCL_PROTO": "LL"})
+    assert debug is not first and debug.start_env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+    assert group_for({"NCCL_PROTO": "LL"}) is first and len(pool.started) == 3
+
+
+def test_a_torch_build_without_a_c_level_list_keys_every_nccl_setting(monkeypatch):
+    """No list for the build: NCCL_* values are part of a group's key (one group per distinct set);
+    the rendezvous variables, read by Python only, still change per rank and launch."""
+    pool, closed, group_for = _fake_pool(monkeypatch, afterfork.Proof(torch="9.9.9", measured=False))
+    ll = group_for({"NCCL_PROTO": "LL"})
+    assert closed == [0] and ll.start_env["NCCL_PROTO"] == "LL"
+    simple = group_for({"NCCL_PROTO": "Simple"})
+    assert simple is not ll and simple.start_env["NCCL_PROTO"] == "Simple"
+    assert group_for({"NCCL_PROTO": "LL"}) is ll

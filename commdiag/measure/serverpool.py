@@ -174,9 +174,11 @@ class ServerPool:
         self.started[-1].update(key=group.key, proof=self.proof.to_json() if self.proof else None)
         return group
 
-    def _group_for(self, base: dict[str, str], envs: list[dict[str, str]], deadline: float) -> _Group:
-        """The group that serves this launch: a live one, else one started for it (its start
-        environment: ``base`` without the variables proven unread before the fork)."""
+    def _group_for(self, envs: list[dict[str, str]], deadline: float) -> _Group:
+        """The group that serves this launch (``envs``: each rank's environment): a live one, else one
+        started for it (its start environment: rank 0's without the variables proven unread before
+        the fork; the rank variables differ between ranks, and are among those)."""
+        base = envs[0]
         for g in reversed(self.groups):
             if not g.unsafe_changes(envs):
                 self.groups.remove(g)
@@ -257,7 +259,7 @@ class ServerPool:
         base.update(process_defaults(base, self.nproc))
         envs = [{**base, **rank_env(base, rank, self.nproc, port)} for rank in range(self.nproc)]
         # the launch's deadline covers a group's start, as a torchrun launch's covers its imports
-        group = self._group_for(base, envs, t0 + deadline_s)
+        group = self._group_for(envs, t0 + deadline_s)
         self.servers, self.last_group = group.servers, group.index
         plan_path, log = plan_path.resolve(), log.resolve()
         for s, env in zip(self.servers, envs):
