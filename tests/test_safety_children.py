@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from commdiag import procs
 from commdiag.environment import envcheck, propagation, pyprobe
 from commdiag.measure import launcher
 
@@ -113,11 +114,15 @@ class _Started(Exception):
 
 
 def _capture_popen(monkeypatch) -> list:
-    """subprocess.Popen that records (argv, cwd) and starts nothing."""
+    """subprocess.Popen that records (argv, cwd) and starts nothing; the argv procs's exec wrapper
+    (parent-death signal, marker) would exec."""
     calls = []
 
     def fake(argv, *a, **kw):
-        calls.append((list(argv), kw.get("cwd")))
+        argv = list(argv)
+        if procs._DIE_WITH_PARENT in argv:
+            argv = argv[argv.index(procs._DIE_WITH_PARENT) + 5:]
+        calls.append((argv, kw.get("cwd")))
         raise _Started()
 
     monkeypatch.setattr(subprocess, "Popen", fake)
