@@ -101,12 +101,19 @@ def marked_pids(marker: str) -> list[int]:
             if e.name.isdigit() and int(e.name) != os.getpid() and carries_marker(int(e.name), marker)]
 
 
-def kill_marked(marker: str) -> int:
-    """SIGKILL every process still carrying ``marker``; how many there were."""
+def kill_marked(marker: str, wait_s: float = 0.0) -> int:
+    """SIGKILL every process still carrying ``marker``; how many there were.  SIGKILL is delivered
+    asynchronously: with ``wait_s``, wait up to that long until none of them runs any more (a zombie's
+    environment reads empty; one stuck in the kernel is left, not waited on)."""
     pids = marked_pids(marker)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + wait_s
+    alive = pids
+    while alive and time.monotonic() < end:
+        time.sleep(0.01)
+        alive = [p for p in alive if carries_marker(p, marker)]
     return len(pids)
 
 
@@ -213,7 +220,7 @@ class Group:
             self.signal_group(signal.SIGKILL)  # the leader is gone; members of its group may not be
             if self.proc.poll() is None:
                 self.wait(KILL_GRACE_S)
-            survivors = kill_marked(self.marker) if sweep else 0
+            survivors = kill_marked(self.marker, KILL_GRACE_S) if sweep else 0
         return Stopped(how, self.proc.returncode, killed, survivors)
 
     def close(self) -> None:

@@ -172,6 +172,21 @@ def _working_folder(path: str):
             os.close(here)
 
 
+@contextlib.contextmanager
+def _scratch_tempdir():
+    """Meanwhile ``tempfile``'s folder is procs.scratch_root(): multiprocessing's forkserver keeps its
+    socket in a ``pymp-*`` folder made there, which as root must not be a TMPDIR of another user's."""
+    import tempfile
+
+    from .. import procs
+
+    saved, tempfile.tempdir = tempfile.tempdir, procs.scratch_root()
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+
+
 def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use_installed: bool = True,
                       torchrun: bool = True) -> Propagation:
     """Start children every way frameworks do; report, per path, which expected variables arrived.
@@ -205,7 +220,7 @@ def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use
         finally:
             os.environ.pop(LATE_VAR, None)
 
-    with procs.private_folder("commdiag-prop-") as tmp, _working_folder(tmp):
+    with procs.private_folder("commdiag-prop-") as tmp, _working_folder(tmp), _scratch_tempdir():
         results.append(PathResult("this process", "-", _arrived(_observe(names)["vars"], expected), os.getpid(),
                                   _observe(names)["vars"]))
         for method in ("fork", "spawn", "forkserver"):
