@@ -256,3 +256,61 @@ def test_as_root_private_folders_never_go_under_a_tmpdir_another_user_can_change
         assert not list(theirs.iterdir()), "root wrote into her TMPDIR"
     finally:
         shutil.rmtree(theirs)
+
+
+# --------------------------------------------------------------------------- explain RUN
+
+def _nccl_run(run_dir: Path, configs: dict) -> Path:
+    """A run folder of an nccl spec (1 rank, 2 s deadline) as a sweep leaves it, nothing measured."""
+    from commdiag.formats import results
+    from commdiag.formats.spec import resolve
+    from commdiag.measure import sweep
+
+    spec = resolve({"name": "x", "backend": "nccl", "nproc_per_node": 1, "sizes": {"bytes": [4096]},
+                    "timeout_s": 2, "configs": configs})
+    run_dir.mkdir()
+    results.save_run(run_dir, sweep.new_run(spec, run_dir, 1))
+    return run_dir
+
+
+def test_explain_takes_the_lock_and_its_launches_survive_no_kill_9(fake_torchrun, tmp_path, monkeypatch):
+    # issue 28 item 3: explain wrote run.json without the run folder's lock and recorded no marker, so
+    # a kill -9 left its torchrun (and the worker in its own session) for nobody to find
+    from commdiag.formats import results
+    from commdiag.measure import explain, runlock
+
+    run_dir = _nccl_run(tmp_path / "run", {"proto": {"NCCL_PROTO": "LL"}})
+    with runlock.hold(run_dir):
+        with pytest.raises(CommdiagError, match="another commdiag process"):
+            explain.run_explain(run_dir)
+    assert not fake_torchrun.exists()  # refused before any start
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), os.environ["PYTHONPATH"]))}
+    first = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "explain", str(run_dir)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while not fake_torchrun.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert fake_torchrun.exists(), "explain never started its launch"
+        first.kill()  # kill -9 mid-launch: the agent and its worker live on
+        first.wait(timeout=10)
+        worker = json.loads(fake_torchrun.read_text())["worker"]
+        assert not _dead(worker)
+        run = results.load_run_json(run_dir)
+        ended = runlock.reap_orphans(run)  # what the next explain, --resume or confirm does first
+        assert worker in ended and _dead(worker)
+    finally:
+        first.kill()
+        for m in results.load_run_json(run_dir).get("explain_markers") or []:
+            procs.kill_marked(m)
+
+
+@AS_ROOT
+def test_as_root_explain_takes_no_loader_variable_from_run_json(fake_torchrun, tmp_path):
+    # issue 30 item 5: a config's LD_PRELOAD in run.json reached the torchrun explain started as root
+    from commdiag.measure import explain
+
+    run_dir = _nccl_run(tmp_path / "run", {"evil": {"LD_PRELOAD": str(tmp_path / "evil.so")}})
+    with pytest.raises(CommdiagError, match="config 'evil' sets LD_PRELOAD"):
+        explain.run_explain(run_dir)
+    assert not fake_torchrun.exists()  # nothing started
