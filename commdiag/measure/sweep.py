@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, linewrap, metadata
+from .. import __version__, linewrap, metadata, procs
 from ..analyse import certify, paired, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
 from . import launcher, machinestate, runlock, serverpool
@@ -112,7 +112,7 @@ def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict
         return {}, f"user's own NCCL_DEBUG={env['NCCL_DEBUG']} kept; NCCL's confirmation is read only if it logs ENV to a file"
     subsys = "ENV,INIT" if _tuner_requested(env) else "ENV"  # INIT: the tuner's load and rule lines
     return ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": subsys,
-             "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log")},
+             "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")},  # the launch runs in its folder
             f"commdiag: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS={subsys} (init only, no per-call logging)")
 
 
@@ -416,7 +416,7 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -
 
 def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
-    launcher.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
+    procs.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
     configs = {c["name"]: c for c in run["configs"]}
     run.setdefault("launch", _launch_record(spec))  # a run stored before launch methods: torchrun
     if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
