@@ -23,7 +23,6 @@ import json
 import os
 import select
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from commdiag import procs  # noqa: E402
 from commdiag.childpython import module_argv  # noqa: E402
 from commdiag.measure import afterfork  # noqa: E402
 
@@ -67,8 +67,10 @@ def build_interposer(folder: Path) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("no C compiler (cc, gcc) on PATH: the getenv interposer cannot be built")
-    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(src), "-ldl"], check=True,
-                   capture_output=True, timeout=120)
+    done = procs.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(src), "-ldl"], env=None, cwd=folder,
+                     deadline_s=120)
+    if done.exit_code != 0:
+        raise RuntimeError(f"{cc} could not build the interposer: {done.stderr[-2000:].decode(errors='replace')}")
     return lib
 
 
@@ -77,18 +79,19 @@ def server_start(folder: Path, env: dict[str, str] | None = None, timeout_s: flo
     """One launch server's start under the interposer: its ``ready`` message and the names it read.
     Then, for each of ``launches`` (the variables to change from its start environment), a launch
     command (plan: none, so a child the server forks exits 1 at once) and the replies; then EOF, as
-    commdiag ends a server.  ``start_env``: the server's start environment."""
+    commdiag ends a server.  The result's ``start_env`` is the server's start environment."""
     folder.mkdir(parents=True, exist_ok=True)
     lib = build_interposer(folder)
     log = folder / "getenv.log"
     log.write_text("")
     env = dict(os.environ if env is None else env)
     env.pop("LD_PRELOAD", None)
-    env.update(LD_PRELOAD=str(lib), GE_LOG=str(log),
+    env.update({procs.MARKER: procs.new_marker()}, LD_PRELOAD=str(lib), GE_LOG=str(log),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p))
-    proc = subprocess.Popen(module_argv("commdiag.measure.forkserver"), env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=open(folder / "server.stderr", "wb"),
-                            start_new_session=True, cwd=folder)
+    # no parent-death wrapper: its own interpreter would run under the interposer with the server's pid
+    server = procs.start(module_argv("commdiag.measure.forkserver"), env=env, cwd=folder, marker=env[procs.MARKER],
+                         stdin=procs.PIPE, stdout=procs.PIPE, stderr=folder / "server.stderr", parent_death=None)
+    proc = server.proc
     replies = []
     try:
         ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
@@ -103,11 +106,10 @@ def server_start(folder: Path, env: dict[str, str] | None = None, timeout_s: flo
                 got.append(json.loads(proc.stdout.readline()))  # its exit
             replies.append(got)
         proc.stdin.close()
-        proc.wait(timeout=60)
+        server.wait(60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        server.stop((), sweep=True)  # nothing of it outlives the measurement
+        server.close()
     try:
         msg = json.loads(line)
     except ValueError:

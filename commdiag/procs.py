@@ -117,6 +117,25 @@ def kill_marked(marker: str, wait_s: float = 0.0) -> int:
     return len(pids)
 
 
+def signal_leader(pid: int, sig: int, marker: str | None = None) -> bool:
+    """Signal the process group that ``pid`` leads, or ``pid`` alone while it leads none yet (a
+    moment after its fork, before its ``setsid``): for processes commdiag did not start through
+    ``start``, a launch server's forked children (measure/forkserver.py, serverpool.py).  With
+    ``marker``, only while ``pid`` still carries it (never a reused pid).  True if a signal was sent."""
+    if marker is not None and not carries_marker(pid, marker):
+        return False
+    try:
+        try:
+            os.killpg(pid, sig)
+            return True
+        except ProcessLookupError:  # not (yet) the leader of a group of its own
+            pass
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
 # --------------------------------------------------------------------------- small shared pieces
 
 def free_port() -> int:

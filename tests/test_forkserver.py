@@ -294,3 +294,28 @@ def test_gpu_proof_recordings_a_forked_child_logs_what_a_torchrun_launch_logs():
     assert len(env) == 5 and sum(init.values()) == 76 and not at_exit
     assert sum(cmp.lines_of(rec("torchrun"))[2].values()) == 1  # "ENV/Plugin: Closing env plugin ..."
     assert cmp.compare(rec("torchrun-default"), rec("forkserver"), seed) == 1
+
+
+def test_signal_leader_reaches_a_forked_childs_group_and_only_a_marked_pid(tmp_path):
+    """procs.signal_leader, how the pool ends a server's forked children (not started through procs):
+    the child's own session (it and what it started) gets the signal; a pid without the marker none."""
+    from commdiag import procs
+
+    marker = procs.new_marker()
+    leader = procs.start([sys.executable, "-c", "import subprocess, sys, time; "
+                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                          "print('up', flush=True); time.sleep(60)"],
+                         env=dict(os.environ), cwd=tmp_path, marker=marker, stdout=procs.PIPE, parent_death=None)
+    try:
+        assert leader.proc.stdout.readline() == b"up\n"
+        assert len(procs.marked_pids(marker)) == 2
+        assert not procs.signal_leader(leader.pid, signal.SIGKILL, procs.new_marker())  # another marker
+        assert procs.signal_leader(leader.pid, signal.SIGKILL, marker)
+        assert leader.wait(10) == -signal.SIGKILL
+        end = time.monotonic() + 10
+        while procs.marked_pids(marker) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not procs.marked_pids(marker)  # the grandchild, in the same group, too
+    finally:
+        leader.stop((), sweep=True)
+        leader.close()

@@ -42,6 +42,7 @@ import sys
 import threading
 import traceback
 
+from .. import procs
 from . import afterfork
 
 TEST_DIRTY = "COMMDIAG_TEST_SERVER_DIRTY"
@@ -151,11 +152,8 @@ def serve(inp, out) -> int:
                 if line.strip():
                     _command(json.loads(line), children, out, inp)
     finally:
-        for pid in children:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        for pid in children:  # forked here and not reaped: the pid is still this child's
+            procs.signal_leader(pid, signal.SIGKILL)
 
 
 def _command(cmd: dict, children: dict, out, inp: int) -> None:

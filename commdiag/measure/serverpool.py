@@ -29,11 +29,10 @@ import json
 import os
 import select
 import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 
+from .. import procs
 from ..childpython import module_argv
 from . import afterfork, launcher
 from .forkserver import DROP_PREFIXES
@@ -55,12 +54,6 @@ class PoolBroken(Exception):
         self.timed_out = timed_out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rank_env(base: dict[str, str], rank: int, nproc: int, port: int) -> dict[str, str]:
     """The variables torchrun's agent gives a single-node worker (local_elastic_agent), no agent's own."""
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
@@ -79,8 +72,8 @@ def process_defaults(env: dict[str, str], nproc: int) -> dict[str, str]:
 
 
 class _Server:
-    def __init__(self, rank: int, proc: subprocess.Popen):
-        self.rank, self.proc = rank, proc
+    def __init__(self, rank: int, group: procs.Group):
+        self.rank, self.group, self.proc = rank, group, group.proc
         self.buf = b""
         self.child: int | None = None
         self.exit: int | None = None
@@ -125,7 +118,9 @@ class ServerPool:
     def __init__(self, nproc: int, base_env: dict[str, str], stderr_path: Path | None = None):
         self.nproc, self.base_env = nproc, dict(base_env)
         self.stderr_path = stderr_path
-        self.marker = launcher.new_marker()  # the one the next started servers will carry
+        # the servers' working folder, one commdiag chose: the run folder (or / without one)
+        self.cwd = stderr_path.parent if stderr_path else Path("/")
+        self.marker = procs.new_marker()  # the one the next started servers will carry
         self.groups: list[_Group] = []  # the least recently used first
         self.servers: list[_Server] = []  # the group of the launch under way
         self.proof: afterfork.Proof | None = None  # the last one a server reported: keys new groups
@@ -148,15 +143,17 @@ class ServerPool:
         self.groups.append(group)
         self.started.append({"index": group.index})
         argv = module_argv("commdiag.measure.forkserver")
-        err = open(self.stderr_path, "ab") if self.stderr_path else subprocess.DEVNULL
-        try:
-            for rank in range(self.nproc):
-                proc = subprocess.Popen(argv, env=start_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=err, start_new_session=True)
-                group.servers.append(_Server(rank, proc))
-        finally:
-            if err is not subprocess.DEVNULL:
-                err.close()
+        for rank in range(self.nproc):
+            # No parent-death signal: a server killed with its commdiag could not end its children;
+            # EOF on its stdin (which commdiag's death gives too) makes it end them, then exit.
+            try:
+                started = procs.start(argv, env=start_env, cwd=self.cwd, marker=self.marker, stdin=procs.PIPE,
+                                      stdout=procs.PIPE, stderr=self.stderr_path or procs.DEVNULL, append=True,
+                                      parent_death=None)
+            except OSError as e:
+                self.close()
+                raise PoolBroken(f"launch server of rank {rank} could not start: {e}")
+            group.servers.append(_Server(rank, started))
         deadline = time.monotonic() + timeout_s
         for s in group.servers:
             msg = self._read(s, deadline)
@@ -170,7 +167,7 @@ class ServerPool:
                 s.proof = self.proof = afterfork.Proof.from_json(msg["proof"])
         # what tells this group apart: its variables beyond the user's that no child may change
         group.key = {k: v for k, v in start_env.items() if self.base_env.get(k) != v
-                     and k not in (launcher.MARKER, "PYTHONPATH") and not (self.proof and self.proof.safe(k))}
+                     and k not in (procs.MARKER, "PYTHONPATH") and not (self.proof and self.proof.safe(k))}
         self.started[-1].update(key=group.key, proof=self.proof.to_json() if self.proof else None)
         return group
 
@@ -208,18 +205,11 @@ class ServerPool:
                 s.proc.stdin.close()
             except OSError:
                 pass
-        end = time.monotonic() + launcher.KILL_GRACE_S
+        end = time.monotonic() + procs.KILL_GRACE_S
         for s in group.servers:
-            try:
-                s.proc.wait(timeout=max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(s.proc.pid, self.marker, signal.SIGKILL)
-                try:
-                    s.proc.wait(timeout=launcher.KILL_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    pass
-            if s.proc.stdout:
-                s.proc.stdout.close()
+            if s.group.wait(end - time.monotonic()) is None:
+                s.group.stop((), sweep=False)  # SIGKILL; its children are the pool's marker sweep's
+            s.group.close()
 
     def close(self) -> int:
         """End every server (EOF first: it kills its children), then anything left with the marker;
@@ -228,8 +218,8 @@ class ServerPool:
             self._close_group(g)
         killed = 0
         if self.groups:
-            killed = launcher.kill_marked(self.marker)  # children of a server that was killed
-            self.marker = launcher.new_marker()
+            killed = procs.kill_marked(self.marker, procs.KILL_GRACE_S)  # children of a server that was killed
+            self.marker = procs.new_marker()
         self.groups, self.servers = [], []
         return killed
 
@@ -254,8 +244,8 @@ class ServerPool:
             return launcher.LaunchOutcome(None, e.timed_out, time.monotonic() - t0, 0)
 
     def _launch(self, index, config_env, extra_env, plan_path, log, t0, deadline_s) -> launcher.LaunchOutcome:
-        port = free_port()
-        base = launcher.launch_env(self.base_env, config_env, {**extra_env, launcher.MARKER: self.marker})
+        port = procs.free_port()
+        base = launcher.launch_env(self.base_env, config_env, {**extra_env, procs.MARKER: self.marker})
         base.update(process_defaults(base, self.nproc))
         envs = [{**base, **rank_env(base, rank, self.nproc, port)} for rank in range(self.nproc)]
         # the launch's deadline covers a group's start, as a torchrun launch's covers its imports
@@ -305,7 +295,7 @@ class ServerPool:
             if left <= 0 and not timed_out:
                 timed_out = True
                 self._end_children()
-                deadline = time.monotonic() + 2 * launcher.KILL_GRACE_S + ANSWER_TIMEOUT_S
+                deadline = time.monotonic() + 2 * procs.KILL_GRACE_S + ANSWER_TIMEOUT_S
                 continue
             if left <= 0:  # past the grace period too: a server that does not report is broken
                 killed = self._broken(log, "a launch server did not report its child's exit")
@@ -357,11 +347,11 @@ class ServerPool:
         """SIGTERM to every running child's process group, a grace period, SIGKILL (torchrun's way)."""
         live = [s.child for s in self.servers if s.child is not None and s.exit is None]
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            live = [p for p in live if _signal(p, self.marker, sig, group=True)]
-            end = time.monotonic() + launcher.KILL_GRACE_S
+            live = [p for p in live if procs.signal_leader(p, sig, self.marker)]
+            end = time.monotonic() + procs.KILL_GRACE_S
             while live and time.monotonic() < end:
                 time.sleep(0.05)
-                live = [p for p in live if launcher.carries_marker(p, self.marker)]
+                live = [p for p in live if procs.carries_marker(p, self.marker)]
             if not live:
                 return
 
@@ -369,8 +359,8 @@ class ServerPool:
         """Kill whatever carries the marker but is no server (a child that left its group)."""
         servers = self.server_pids()
         count = 0
-        for pid in launcher.marked_pids(self.marker):
-            if pid not in servers and _signal(pid, self.marker, signal.SIGKILL):
+        for pid in procs.marked_pids(self.marker):
+            if pid not in servers and procs.signal_leader(pid, signal.SIGKILL, self.marker):
                 count += 1
         return count
 
@@ -380,20 +370,3 @@ class ServerPool:
             f.write(f"commdiag: {why}; the launch servers are restarted for the next launch\n")
         self._end_children()
         return self.close()
-
-
-def _signal(pid: int, marker: str, sig: int, group: bool = False) -> bool:
-    """Signal ``pid`` (its process group with ``group``) if it still carries ``marker``; True if sent."""
-    if not launcher.carries_marker(pid, marker):
-        return False
-    try:
-        if group:
-            try:
-                os.killpg(pid, sig)
-                return True
-            except ProcessLookupError:  # forked a moment ago: not yet the leader of its own group
-                pass
-        os.kill(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
