@@ -172,6 +172,9 @@ SLOW = (
     # 40 launches of 200 iterations and four groups of launch servers (an import of torch per rank each),
     # 2-3 minutes on 2 cores
     "test_import_env.py::test_the_spec_of_issue_28_is_certified_under_the_default_launch_and_its_a_a_is_not",
+    # two groups of real launch servers (two imports of torch, 10-50 s on 2 cores); the keying itself is
+    # tested without processes in the README's set (test_pool_keys_groups_by_what_their_servers_proved_read)
+    "test_import_env.py::test_a_pool_shares_servers_across_nccl_settings_and_starts_new_ones_for_anything_else",
     # a 50-config x 20-size report drawn in chromium (about 30 s of CPU)
     "test_report.py::test_large_report_stays_lean",
 )

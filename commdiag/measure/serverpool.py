@@ -165,8 +165,10 @@ class ServerPool:
                                  + (f" (see {self.stderr_path})" if self.stderr_path else ""), timed_out=late)
             if isinstance(msg.get("proof"), dict):
                 s.proof = self.proof = afterfork.Proof.from_json(msg["proof"])
-        # what tells this group apart: its variables beyond the user's that no child may change
-        group.key = {k: v for k, v in start_env.items() if self.base_env.get(k) != v
+        # what tells this group apart: the launch's variables beyond the user's (commdiag's own marker,
+        # path and process defaults aside) that no child may change
+        defaults = process_defaults(self.base_env, self.nproc)
+        group.key = {k: v for k, v in start_env.items() if self.base_env.get(k) != v and defaults.get(k) != v
                      and k not in (procs.MARKER, "PYTHONPATH") and not (self.proof and self.proof.safe(k))}
         self.started[-1].update(key=group.key, proof=self.proof.to_json() if self.proof else None)
         return group
