@@ -105,8 +105,9 @@ def test_the_spec_of_issue_28_is_certified_under_the_default_launch_and_its_a_a_
     # 10 rounds instead of the 7 the one claim needs: on 2 loaded cores the rounds' noise was 50-55%
     # (2026-12-04, load average 15-20: the claim's ratio was 0.67-0.73 under both launch methods, p 0.02-0.04
     # at 7 rounds); the signed-rank test at 10 rounds tolerates a small round of the wrong sign
-    for name, configs, extra in (("fast", {"fast": {"TORCH_DISTRIBUTED_DEBUG": "OFF"}}, {"confirm": {"rounds": 10}}),
-                                 ("aa", {"aa": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}}, {"confirm": {"configs": ["aa"]}})):
+    sweeps = (("fast", {"fast": {"TORCH_DISTRIBUTED_DEBUG": "OFF"}}, {"confirm": {"rounds": 10}}),
+              ("aa", {"aa": {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}}, {"confirm": {"configs": ["aa"]}}))
+    for name, configs, extra in sweeps:
         spec = write_spec(tmp_path / f"{name}.yaml", sizes=sizes, trials=3, warmup=20, iters=200, base_env=base,
                           configs=configs, **extra)
         proc = run_cli("sweep", spec, "--out", tmp_path / name)
