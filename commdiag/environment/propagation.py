@@ -118,7 +118,7 @@ def _subprocess_path(copy_env: bool, names, tmp: Path, late_value: str) -> dict:
     env = os.environ.copy() if copy_env else None  # the framework copies its environment at start-up
     os.environ[LATE_VAR] = late_value
     # -I: the child imports this commdiag (PACKAGE_PARENT) and the standard library, nothing else.
-    # env=None: procs starts it with this process's own environment, putenv included, as Popen does.
+    # env=None: procs starts it with this process's own environment, putenv included (as subprocess does).
     end = procs.run(isolated_argv(_CHILD_CMD.format(parent=PACKAGE_PARENT), names), env=env, cwd=tmp,
                     deadline_s=CHILD_TIMEOUT_S)
     if end.timed_out:
