@@ -127,6 +127,9 @@ def render(r: NodesCheck) -> list[str]:
             lines.append(f"  {v['status'].upper():9} {v['name']}: {v['detail']}")
     if r.timed_out:
         lines.append(f" the check did not finish within its deadline ({DEADLINE_S:g} s)")
+    if any(n.check is None for n in r.nodes) and r.log_tail.strip():
+        lines.append(f" srun said (exit {r.exit_code}):")
+        lines += ["   " + l for l in r.log_tail.strip().splitlines()[-8:]]
     missing = [n.node for n in r.nodes if not n.ok]
     if missing and r.expected:
         lines.append(f"not every node has the settings ({', '.join(missing)}): a variable exported where you "

@@ -25,11 +25,11 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import procs
 from ..childpython import module_argv
 from ..errors import CommdiagError
 from . import launcher
@@ -39,6 +39,16 @@ from . import launcher
 PORT_RANGE = (20000, 32000)
 REAP_DEADLINE_S = 30.0  # the reaper step: one short python per node
 SCONTROL_DEADLINE_S = 10.0
+
+
+def _ask(argv: list[str], deadline_s: float = SCONTROL_DEADLINE_S, env: dict | None = None):
+    """A Slurm client command through the one supervisor (procs.run: its own session, a deadline, cwd
+    /); returns (exit code or None, stdout text, stderr text)."""
+    try:
+        end = procs.run(argv, env=dict(os.environ if env is None else env), cwd="/", deadline_s=deadline_s)
+    except OSError as e:
+        return None, "", str(e)
+    return end.exit_code, end.stdout.decode(errors="replace"), end.stderr.decode(errors="replace")
 
 
 @dataclass(frozen=True)
@@ -79,15 +89,13 @@ def allocation(env: dict | None = None, command: str = "commdiag sweep SPEC") ->
     if not nodelist:
         raise CommdiagError(f"SLURM_JOB_ID={job} is set but SLURM_JOB_NODELIST is not: "
                             "run commdiag inside salloc or an sbatch script")
-    try:
-        out = subprocess.run([_tool("scontrol"), "show", "hostnames", nodelist], capture_output=True,
-                             text=True, timeout=SCONTROL_DEADLINE_S, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+    code, stdout, stderr = _ask([_tool("scontrol"), "show", "hostnames", nodelist], env=env)
+    if code is None and not stderr:
         raise CommdiagError(f"scontrol show hostnames {nodelist} did not answer within "
-                            f"{SCONTROL_DEADLINE_S:g} s (is slurmctld reachable?)") from None
-    nodes = tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
-    if out.returncode != 0 or not nodes:
-        raise CommdiagError(f"scontrol show hostnames {nodelist} failed: {out.stderr.strip()[:200]}")
+                            f"{SCONTROL_DEADLINE_S:g} s (is slurmctld reachable?)")
+    nodes = tuple(line.strip() for line in stdout.splitlines() if line.strip())
+    if code != 0 or not nodes:
+        raise CommdiagError(f"scontrol show hostnames {nodelist} failed: {stderr.strip()[:200]}")
     return Allocation(job, nodes)
 
 
@@ -163,10 +171,9 @@ def run_step(alloc: Allocation, nnodes: int, ntasks_per_node: int, command: list
     argv = srun_argv(alloc, nnodes, ntasks_per_node, command, marker)
     try:
         outcome = launcher.run(argv, env, log_path, deadline_s)
-    finally:
-        if True:  # every exit path: a normal end leaves nothing, a deadline or Ctrl-C may
-            cancel_step(alloc, marker)
-            survivors = reap(alloc, nnodes, marker, env)
+    finally:  # every exit path: a normal end leaves nothing, a deadline or Ctrl-C may
+        cancel_step(alloc, marker)
+        survivors = reap(alloc, nnodes, marker, env)
     if survivors:
         outcome = launcher.LaunchOutcome(outcome.exit_code, outcome.timed_out, outcome.wall_s,
                                          outcome.killed_survivors + survivors, outcome.interrupted)
@@ -179,12 +186,10 @@ def alive(alloc: Allocation) -> bool:
     squeue = shutil.which("squeue")
     if not squeue:
         return True
-    try:
-        out = subprocess.run([squeue, "-h", "-j", alloc.job_id, "-o", "%T"], capture_output=True, text=True,
-                             timeout=SCONTROL_DEADLINE_S, stdin=subprocess.DEVNULL)
-    except (subprocess.TimeoutExpired, OSError):
+    code, stdout, _ = _ask([squeue, "-h", "-j", alloc.job_id, "-o", "%T"])
+    if code is None:
         return True
-    return out.returncode == 0 and out.stdout.strip() in ("RUNNING", "CONFIGURING")
+    return code == 0 and stdout.strip() in ("RUNNING", "CONFIGURING")
 
 
 def cancel_step(alloc: Allocation, marker: str) -> None:
@@ -192,16 +197,11 @@ def cancel_step(alloc: Allocation, marker: str) -> None:
     squeue, scancel = shutil.which("squeue"), shutil.which("scancel")
     if not (squeue and scancel):
         return
-    try:
-        out = subprocess.run([squeue, "--steps", "-h", "-o", "%i %j", "-j", alloc.job_id], capture_output=True,
-                             text=True, timeout=SCONTROL_DEADLINE_S, stdin=subprocess.DEVNULL)
-        steps = [line.split()[0] for line in out.stdout.splitlines()
-                 if len(line.split()) == 2 and line.split()[1] == step_name(marker)]
-        for step in steps:
-            subprocess.run([scancel, "--signal=KILL", "--full", step], capture_output=True,
-                           timeout=SCONTROL_DEADLINE_S, stdin=subprocess.DEVNULL)
-    except (subprocess.TimeoutExpired, OSError):
-        pass
+    _, stdout, _ = _ask([squeue, "--steps", "-h", "-o", "%i %j", "-j", alloc.job_id])
+    steps = [line.split()[0] for line in stdout.splitlines()
+             if len(line.split()) == 2 and line.split()[1] == step_name(marker)]
+    for step in steps:
+        _ask([scancel, "--signal=KILL", "--full", step])
 
 
 def reap(alloc: Allocation, nnodes: int, marker: str, env: dict[str, str]) -> int:
@@ -213,12 +213,8 @@ def reap(alloc: Allocation, nnodes: int, marker: str, env: dict[str, str]) -> in
     argv = srun_argv(alloc, nnodes, 1, module_argv("commdiag.measure.slurm", ["--reap", marker]),
                      "reap" + marker)
     argv.insert(1, "--overlap")
-    try:
-        out = subprocess.run(argv, env=reap_env, capture_output=True, text=True, timeout=REAP_DEADLINE_S,
-                             stdin=subprocess.DEVNULL)
-    except (subprocess.TimeoutExpired, OSError):
-        return 0
-    return sum(int(w.split("=", 1)[1]) for w in out.stdout.split() if w.startswith("reaped=")
+    _, stdout, _ = _ask(argv, REAP_DEADLINE_S, reap_env)
+    return sum(int(w.split("=", 1)[1]) for w in stdout.split() if w.startswith("reaped=")
                and w.split("=", 1)[1].isdigit())
 
 
