@@ -63,6 +63,7 @@ LIMITS = {
     "iters": 100_000,           # (L)
     "batch": 100_000,           # (L) all-reduces per sample window
     "window_us": 10_000_000,    # 10 s of device time per sample
+    "time_per_size_ms": 600_000,  # 10 minutes of timing per size
     "timeout_s": 7 * 24 * 3600,  # a week: a deadline must exist and be finite
     "sizes": 1000,              # distinct message sizes (L)
     "size_bytes": 1 << 36,      # 64 GiB per rank: more than any GPU holds
@@ -89,6 +90,9 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "iters": ((int,), 200),
     "batch": ((int, str), "auto"),
     "window_us": ((int, float), 500),
+    # the timing budget per size, mode and call path: as many samples as fit, at least 20, at most
+    # iters (worker.timed_count); null: exactly iters everywhere (the count before 2026-12-04)
+    "time_per_size_ms": ((int, float, type(None)), 250),
     "modes": ((list, type(None)), None),
     "vias": ((list, type(None)), None),
     "replay_stream": ((str,), "side"),
@@ -160,6 +164,8 @@ class Spec:
     confirm_rounds: int | None = None
     # commdiag step: the layer's shape (stepspec.StepModel as a dict); None for an all-reduce sweep.
     model: dict | None = None
+    # ms of timing per size, mode and call path (None: exactly ``iters``; runs stored before the key)
+    time_per_size_ms: float | None = None
 
     def config(self, name: str) -> Config:
         return next(c for c in self.configs if c.name == name)
@@ -438,6 +444,10 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
             raise SpecError(path, "batch", f"{brief(batch)} must be auto or an integer >= 1")
         _bounded_int(path, "batch", batch, large=large)
     window_us = _bounded_number(path, "window_us", get("window_us"), "microseconds")
+    time_per_size_ms = get("time_per_size_ms")
+    if time_per_size_ms is not None:
+        time_per_size_ms = float(_bounded_number(path, "time_per_size_ms", time_per_size_ms,
+                                                 "milliseconds (or null: exactly iters samples)"))
     timeout_s = _bounded_number(path, "timeout_s", get("timeout_s"), "seconds")
 
     modes = get("modes")
@@ -493,7 +503,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
         reuse_process=bool(get("reuse_process")), launch=launch,
         confirm_configs=confirm_configs, confirm_rounds=confirm_rounds,
-        model=model,
+        model=model, time_per_size_ms=None if model else time_per_size_ms,
     )
 
 

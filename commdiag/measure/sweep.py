@@ -87,7 +87,7 @@ def preflight(spec: Spec) -> int:
                 f"{spec.path}: backend: nccl needs CUDA GPUs and this machine has none visible. "
                 "For a CPU run use the gloo backend, e.g. commdiag sweep sweeps/cpu-smoke.yaml")
         nproc = nproc or gpus
-        if nproc > gpus:
+        if nproc > gpus and os.environ.get("COMMDIAG_SHARE_GPU") != "1":  # worker.SHARE_GPU_VAR: benchmarks
             fewer = f"use --set nproc_per_node={gpus}, or " if gpus >= 2 else ""
             raise CommdiagError(
                 f"{spec.path}: nproc_per_node: {nproc} ranks but only {gpus} GPU(s) are visible; "
@@ -152,22 +152,30 @@ def _method(spec: Spec) -> dict:
                              "communicators created after its variables were set; kept only where every rank's "
                              "NCCL log confirms the values for that run")
     if spec.backend == "gloo":
-        method["eager"] = ("each blocking all_reduce call's wall time on a monotonic clock (batch 1); "
-                           "gloo has no CUDA graphs, so eager only")
+        method["eager"] = ("each blocking all_reduce call's wall time on a monotonic clock (batch 1), "
+                           f"{_count_text(spec)} calls per size; gloo has no CUDA graphs, so eager only")
         return method
     method["sample"] = (f"a window of batch back-to-back all-reduces between two CUDA events, / batch; "
                         f"batch={spec.batch} (auto: enough calls to fill {spec.window_us:g} us of device time)")
     if "graph" in spec.modes:
-        method["graph"] = (f"batch all-reduces captured in one CUDA graph; {spec.iters} replays back to back "
+        method["graph"] = (f"batch all-reduces captured in one CUDA graph; {_count_text(spec)} replays back to back "
                            f"on the {spec.replay_stream} stream, a CUDA event between replays")
     if "eager" in spec.modes:
-        method["eager"] = (f"{spec.iters} windows of batch back-to-back calls on the current stream; "
+        method["eager"] = (f"{_count_text(spec)} windows of batch back-to-back calls on the current stream; "
                            "enqueue_us = host time per call to issue it")
     method["vias"] = ", ".join(
         {"torch": "torch = torch.distributed.all_reduce",
          "nccl-direct": "nccl-direct = libnccl's ncclAllReduce through ctypes (the library torch loaded), "
                         "arguments converted once; modes graph-direct/eager-direct"}[v] for v in spec.vias)
     return method
+
+
+def _count_text(spec: Spec) -> str:
+    """How many samples a size gets, in words (the method block and the report show it)."""
+    if spec.time_per_size_ms is None:
+        return str(spec.iters)
+    return (f"as many as fit {spec.time_per_size_ms:g} ms per size (at least {min(20, spec.iters)}, at most "
+            f"{spec.iters}; calibrated in the launch from its warmup)")
 
 
 def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
@@ -769,6 +777,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
     plan = {
         "backend": spec.backend, "dtype": spec.dtype, "sizes": [s.bytes for s in spec.sizes],
         "modes": list(spec.modes), "warmup": spec.warmup, "iters": spec.iters, "batch": spec.batch,
+        "time_per_size_ms": spec.time_per_size_ms,
         "window_us": spec.window_us,
         "vias": list(spec.vias), "replay_stream": spec.replay_stream,
         "watch_env": sorted(set(config["env"]) | set(spec.base_env)),

@@ -69,10 +69,16 @@ from ..atomic import write_json
 
 FAULT_VAR = "COMMDIAG_TEST_FAULT"
 FAULT_RANK_VAR = "COMMDIAG_TEST_FAULT_RANK"  # the rank the fault hits (default 0)
+# Benchmarks only: COMMDIAG_SHARE_GPU=1 puts every rank of a one-GPU machine on GPU 0 with its own
+# NCCL_HOSTID, a real multi-rank NCCL communicator over sockets (the fork server's proof 2 on 1 GPU).
+SHARE_GPU_VAR = "COMMDIAG_SHARE_GPU"
 LAUNCH_FORMAT_VERSION = 2
 EXPLAIN_CALLS = 3  # all-reduces per size in an explain launch: NCCL logs its choice for each call
 MAX_BATCH = 1000  # calls per sample with batch: auto (1000 x 7 us = 7 ms: plenty of window)
 PROBE_BATCH = 10  # all-reduces in the graph that estimates one call's device time
+# time_per_size_ms: the fewest samples a size is timed with; the launch value trims 5% of each end, so
+# 20 samples still drop one at each end (and the smallest sizes reach ``iters`` within the budget anyway)
+MIN_TIMED = 20
 
 
 def _test_fault() -> str:
@@ -193,8 +199,14 @@ def _run(plan: dict, rank: int) -> int:
     reuse = bool(plan.get("runs"))
     t_init = time.monotonic()
     if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        gpu = local_rank
+        if os.environ.get(SHARE_GPU_VAR) == "1":
+            # every rank on GPU 0, each on a "host" of its own: NCCL connects them over its network
+            # transport (sockets) instead of refusing a duplicate GPU (benchmarks/gpu_transports_net1.sh)
+            gpu = 0
+            os.environ.setdefault("NCCL_HOSTID", f"commdiag-share-gpu-rank{rank}")
+        torch.cuda.set_device(gpu)
+        device = torch.device("cuda", gpu)
         dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
@@ -258,6 +270,8 @@ def _measure(torch, dist, plan, paths, agree, dtype, device, rank, world, backen
     batches: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}
     enqueue: dict = {p.name: {} for p in paths}
     _fault("before-timing", rank)
+    # gloo: the ranks agree on their sample counts over the default (gloo) group itself
+    host_agree = make_agree(torch, dist, dist.group.WORLD) if backend != "nccl" else None
     t_measure = time.monotonic()
     for size_bytes in plan["sizes"]:
         numel = size_bytes // collectives.DTYPE_BYTES[plan["dtype"]]
@@ -276,7 +290,8 @@ def _measure(torch, dist, plan, paths, agree, dtype, device, rank, world, backen
                     (samples[p.name][mode][key], enqueue[p.name][key],
                      batches[p.name][mode][key]) = _time_eager_cuda(torch, p.op(buf), plan, agree)
                 else:
-                    samples[p.name][mode][key], batches[p.name][mode][key] = _time_eager_host(p.op(buf), plan), 1
+                    samples[p.name][mode][key] = _time_eager_host(p.op(buf), plan, host_agree)
+                    batches[p.name][mode][key] = 1
             del buf
     info["measure_s"] = round(time.monotonic() - t_measure, 3)
     return {**info, "wrong": wrong, "samples": samples, "enqueue_us": enqueue, "batch": batches}
@@ -355,6 +370,22 @@ def _auto_batch(plan, one_call_us: float) -> int:
     return max(1, min(MAX_BATCH, math.ceil(float(plan.get("window_us", 500)) / max(one_call_us, 0.01))))
 
 
+def timed_count(plan, sample_us: float, agree=lambda n: n) -> int:
+    """How many samples to time: ``iters``, or with ``time_per_size_ms`` as many as fit that budget
+    (at least MIN_TIMED, at most ``iters``), the same on every rank (the max over ranks: ranks that
+    timed different counts would issue different numbers of collectives and hang).
+
+    Calibrated in the launch itself from the warmup's time per sample, as pyperf calibrates its loops:
+    a 117 MB all-reduce of 20 ms is timed 20 times in 400 ms, not 200 times in 4 s, while a 7 us one
+    still gets its full ``iters``."""
+    iters = int(plan["iters"])
+    budget_ms = plan.get("time_per_size_ms")
+    if not budget_ms:
+        return iters
+    fits = math.ceil(float(budget_ms) * 1000.0 / max(sample_us, 0.01))
+    return agree(max(min(MIN_TIMED, iters), min(iters, fits)))
+
+
 def _window_us(torch, stream, fn, reps: int) -> float:
     """Device time of ``reps`` back-to-back ``fn()`` on ``stream``, one event pair around them."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -381,6 +412,9 @@ def _time_graph(torch, path, buf, plan, agree=lambda n: n) -> tuple[list[float],
         for _ in range(max(1, -(-plan["warmup"] // batch))):
             g.replay()
         stream.synchronize()
+    if plan.get("time_per_size_ms"):
+        iters = timed_count(plan, _window_us(torch, stream, g.replay, 2) / 2, agree)
+    with torch.cuda.stream(stream):
         events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
         events[0].record(stream)
         for i in range(iters):
@@ -396,8 +430,9 @@ def _time_eager_cuda(torch, op, plan, agree=lambda n: n) -> tuple[list[float], l
     op()
     torch.cuda.synchronize()
     warm = max(1, plan["warmup"])
-    batch = agree(_auto_batch(plan, _window_us(torch, torch.cuda.current_stream(), op, warm) / warm))
-    iters = plan["iters"]
+    one_call_us = _window_us(torch, torch.cuda.current_stream(), op, warm) / warm
+    batch = agree(_auto_batch(plan, one_call_us))
+    iters = timed_count(plan, one_call_us * batch, agree)
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     host = [0.0] * iters
     clock = time.perf_counter_ns
@@ -414,12 +449,18 @@ def _time_eager_cuda(torch, op, plan, agree=lambda n: n) -> tuple[list[float], l
     return [events[i].elapsed_time(events[i + 1]) * 1000.0 / batch for i in range(iters)], host, batch
 
 
-def _time_eager_host(op, plan) -> list[float]:
+def _time_eager_host(op, plan, agree=lambda n: n) -> list[float]:
+    clock = time.perf_counter_ns
+    t0 = clock()
     for _ in range(plan["warmup"]):
         op()
-    clock = time.perf_counter_ns
+    warm_us = (clock() - t0) / 1000.0 / max(1, plan["warmup"])
+    if plan.get("time_per_size_ms") and not plan["warmup"]:
+        t0 = clock()
+        op()
+        warm_us = (clock() - t0) / 1000.0
     out = []
-    for _ in range(plan["iters"]):
+    for _ in range(timed_count(plan, warm_us, agree)):
         t0 = clock()
         op()
         out.append((clock() - t0) / 1000.0)
