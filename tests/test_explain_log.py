@@ -47,13 +47,15 @@ def test_one_file_per_rank_and_the_json_envelope(tmp_path):
     cp = run_cli("explain", "--json", *[a for f in files for a in ("--log", f)])
     assert cp.returncode == 0, cp.stderr
     data = json.loads(cp.stdout)
-    assert (data["format"], data["version"]) == ("commdiag-nccl-log", 2)
+    assert (data["format"], data["version"]) == ("commdiag-nccl-log", 3)
     assert [p["pid"] for p in data["processes"]] == [662, 663]
     assert [(p["src"], p["dst"], p["cell"]) for p in data["transports"]["pairs"]] == [("0", "1", "P2P"),
                                                                                     ("1", "0", "P2P")]
-    assert data["applied"] == {"NCCL_NVLS_ENABLE": {"0": [662, 663]}}
+    assert data["applied"] == {"NCCL_NVLS_ENABLE": {"0": ["vm:662", "vm:663"]}}
     assert {"collective": "AllReduce", "bytes": 14336, "algo": "Ring", "proto": "LL", "channels": 1,
-            "calls": 443, "share": 1.0, "other_choices": 0, "pids": [662]} in data["tuning"]
+            "calls": 443, "share": 1.0, "other_choices": 0, "processes": ["vm:662"]} in data["tuning"]
+    assert data["nodes"] == [{"host": "vm", "processes": [662, 663], "gpus": [0, 1], "ranks": [0, 1],
+                              "gpu_names": [], "endpoints": ["0", "1"]}]
     assert len(data["files"]) == 3 and data["notes"] == []
 
 
@@ -63,7 +65,7 @@ def test_shm_and_net_logs_and_a_partial_log():
     assert "NCCL_P2P_DISABLE=1  (every process)" in shm.stdout
     rank0 = run_cli("explain", "--log", FIX / "h200x2-nvlink" / "explain-tuning-seed-rank0.log")
     assert "  GPU1      .    -" in rank0.stdout
-    assert "the log holds 1 process(es) of a 2-rank communicator" in " ".join(rank0.stdout.split())
+    assert "the log holds 1 of the 2 ranks of a communicator (1 process(es))" in " ".join(rank0.stdout.split())
 
 
 def test_hostile_log_is_read_bounded_and_printed_escaped(tmp_path):
@@ -123,4 +125,4 @@ def test_real_one_rank_init_log_with_graph_lines():
     assert comm["rings"] == [{"order": [0], "channels": list(range(64)), "cut": False}]
     assert comm["channels"]["coll"] == 64 and r.transports["pairs"] == []
     assert any("no connection lines" in n for n in r.notes)
-    assert r.applied == {"NCCL_NVLS_ENABLE": {"0": [453]}}
+    assert r.applied == {"NCCL_NVLS_ENABLE": {"0": ["vm:453"]}}
