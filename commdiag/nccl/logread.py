@@ -16,6 +16,7 @@ lines (which process drives which GPU).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -26,7 +27,10 @@ from . import ncclog
 
 MAX_LINE = 64 << 10  # an NCCL line is < 1 KB (its own buffer is 1 KB); longer lines are junk, cut here
 MAX_BYTES = 4 << 30  # read at most this much of one file (4 GiB: hours of a TUNING-logging server)
+PENDING_LINES = 8  # a record's message carried onto a later line is looked for this many lines on
 MAX_KEPT_LINES = 200_000  # NCCL lines kept per file besides TUNING (init of 8 ranks x many comms: ~10^4)
+_MESSAGE_START = re.compile(r"^(?:Ring|Channel|Trees?|Connected|comm|NET/|Using|Bootstrap|P2P|NCCL_|Setting|\d+ coll)\b")
+_TAGGED_LEAD = re.compile(r"^(?:\(|\[\d+,\d+\]<|#)")  # a launcher's tag or a comment, not a message's rest
 MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL TRACE", b"NCCL ABORT", b"NCCL version", b"nccl-library=", b"nccl==",
            b" Pid ")
 _MENTION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+[^\s,;)'\"]*)|\bnccl==(?P<pip>\d+\.\d+\.\d+)|"
@@ -51,6 +55,8 @@ class LogFile:
     long_lines: int = 0  # lines cut at MAX_LINE
     dropped: int = 0  # NCCL lines over MAX_KEPT_LINES
     truncated: bool = False  # stopped at MAX_BYTES
+    pending: list[tuple[int, int]] = field(default_factory=list)  # (kept index, line) of records whose
+    # message a terminal or interleaved writes carried onto a later line
 
 
 def _open_regular(path: str) -> tuple[int, os.stat_result]:
@@ -90,7 +96,7 @@ def read(path: str, *, max_bytes: int = MAX_BYTES, max_line: int = MAX_LINE) -> 
                     out.read_bytes += len(raw)
                 continue
             out.lines += 1
-            if not any(m in raw for m in MARKERS):
+            if not out.pending and not any(m in raw for m in MARKERS):
                 continue
             _keep(out, raw.decode("utf-8", "replace").rstrip("\r\n"), out.lines)
         else:
@@ -105,11 +111,32 @@ def version_code(code: int) -> str:
     return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
 
 
+def _unfinished(r: ncclog.Record) -> bool:
+    """A record whose message the terminal (or interleaved writes) carried onto the next line: nothing
+    after the prefix, or a connection line cut after "via"."""
+    return not r.msg or r.msg.endswith(" via") or r.msg.endswith(" :")
+
+
 def _keep(out: LogFile, line: str, lineno: int) -> None:
-    recs = ncclog.records(line)
+    lead, recs = ncclog.split(line)
+    rest = lead.strip()
+    out.pending = [(i, n) for i, n in out.pending if n >= lineno - PENDING_LINES]
+    if rest and out.pending and not _TAGGED_LEAD.match(rest):
+        i, _ = out.pending[0]  # the oldest record still waiting for its message
+        last = out.kept[i]
+        if not (last.msg or _MESSAGE_START.match(rest)):  # an empty record takes only what reads as NCCL's
+            return _keep_rest(out, line, lineno, recs)
+        out.pending.pop(0)
+        out.kept[i] = dataclasses.replace(last, msg=(last.msg + " " + rest).strip())
+        if not recs:
+            return
+    _keep_rest(out, line, lineno, recs)
+
+
+def _keep_rest(out: LogFile, line: str, lineno: int, recs: list[ncclog.Record]) -> None:
     if not recs:
         if (v := ncclog.bare_version(line)):
-            out.versions.append((v, f"line {lineno}: a bare 'NCCL version' line (NCCL <= 2.8 printed it unprefixed)"))
+            out.versions.append((v, f"line {lineno}: a bare 'NCCL version' line (older NCCL printed it unprefixed)"))
         elif (d := _TESTS_DEVICE.search(line)):
             out.devices.append({"rank": int(d["rank"]), "pid": int(d["pid"]), "host": d["host"],
                                 "dev": int(d["dev"]), "bus": d["bus"], "name": d["name"][:80]})
@@ -137,3 +164,5 @@ def _keep(out: LogFile, line: str, lineno: int) -> None:
             out.dropped += 1
             continue
         out.kept.append(r)
+        if _unfinished(r):
+            out.pending.append((len(out.kept) - 1, lineno))

@@ -54,13 +54,15 @@ class LogReport:
     causes: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)  # lines of a form this reader does not know
     notes: list[str] = field(default_factory=list)
+    multi_node: bool = False  # endpoints keyed by rank/GPU: several nodes (host names, nNodes, connections)
+    more_nodes: list[str] = field(default_factory=list)  # why the connections need more nodes than hosts
 
     def to_json(self) -> dict:
         return {"files": self.files, "nodes": self.nodes, "processes": self.processes, "nccl_version": self.version,
                 "applied": self.applied, "transports": self.transports, "network": self.network,
                 "p2p_disabled": self.p2p_disabled, "failed": self.failed, "warnings": self.warnings,
                 "tuner": self.tuner, "tuning": self.tuning, "causes": self.causes, "unknown_forms": self.unknown,
-                "notes": self.notes}
+                "multi_node": self.multi_node, "more_nodes_than_hosts": self.more_nodes, "notes": self.notes}
 
 
 def _bus_of(text: str) -> str | None:
@@ -126,6 +128,9 @@ def explain_logs(paths) -> LogReport:
     report.warnings = [{"id": pr["id"], "host": pr["host"], "pid": pr["pid"], "text": w, "benign": bool(BENIGN.search(w))}
                        for pr in processes for w in pr["warnings"]]
     report.unknown = [_clip(u, 160) for p in procs_tr.values() for u in p.unknown][:20]
+    report.multi_node = transports.multi_node(procs_tr.values())
+    report.more_nodes = transports._more_nodes_than_hosts(list(procs_tr.values()))[:4] if len(report.nodes) < 2 \
+        and report.multi_node else []
     report.causes = _causes(report, procs_tr)
     report.notes = _notes(report, files, recs)
     return report
@@ -335,6 +340,12 @@ def _notes(r: LogReport, files: list[logread.LogFile], recs) -> list[str]:
     if r.unknown:
         out.append(f"{len(r.unknown)} line(s) look like connections or graphs in a form this reader does not know "
                    f"(an NCCL older or newer than it reads?), e.g. {r.unknown[0]!r}")
+    if r.more_nodes:
+        out.append("the connections show more nodes than the log's host names (one node's file of a multi-node "
+                   "job, host names that repeat or were redacted): " + "; ".join(r.more_nodes[:2])
+                   + "; GPU pairs are keyed by rank")
+    if any(p["host"] == "?" for p in r.processes):
+        out.append("some lines carry no host:pid:tid prefix (stripped when pasted): their process is shown as '?'")
     tagged = [p for p in r.processes for g in p["ranks"] if g["from"] != "NCCL"]
     if tagged:
         out.append("ranks marked (tag) come from the launcher's tag ([1,N]<stdout>:, [N]), not from NCCL")
@@ -363,7 +374,10 @@ def render(r: LogReport) -> str:
     lines.append(f"NCCL log: {len(r.files)} file(s), {n_lines} lines, {len(r.processes)} NCCL process(es) on "
                  f"{len(r.nodes)} node(s)")
     v = r.version
-    if v["versions"]:
+    if not v["versions"] and v["found_outside_nccl_lines"]:
+        first = v["found_outside_nccl_lines"][0]
+        lines.append(f"NCCL version: {first['version']} ({first['where']})")
+    elif v["versions"]:
         src = f" ({'; '.join(v['sources'])})" if v["sources"] and v["sources"] != ["NCCL's version line"] else ""
         lines.append(f"NCCL version: {', '.join(v['versions'])}{src}")
     else:
@@ -384,8 +398,9 @@ def render(r: LogReport) -> str:
         also = f"; its connections show {', '.join(n['endpoints'])}" if seen else ""
         lines.append(f"  node {n['host']}: {len(n['processes'])} process(es), GPU(s) {gpus}{ranks}{names}{also}")
         for p in [p for p in r.processes if p["host"] == n["host"]][:32]:
-            comms = "; ".join(f"rank {c['rank'] if c['rank'] is not None else '?'}/{c['nranks']}"
-                              + (f" nNodes {c['nnodes']}" if c["nnodes"] else "") for c in p["comms"][:4])
+            comms = "; ".join(dict.fromkeys(f"rank {c['rank'] if c['rank'] is not None else '?'}/{c['nranks']}"
+                                            + (f" nNodes {c['nnodes']}" if c["nnodes"] else "")
+                                            for c in p["comms"][:4]))
             if len(p["devices"]) > 1 or not comms:
                 comms = _ranks_text(p) or comms or "no rank in the log"
             devs = ", ".join(map(str, p["devices"])) or "?"
@@ -403,7 +418,8 @@ def render(r: LogReport) -> str:
             groups.setdefault(tuple(n["lines"]), []).append(n["host"])
         for text, hosts in list(groups.items())[:8]:
             who = hosts[0] if len(hosts) == 1 else f"{len(hosts)} nodes ({', '.join(hosts[:3])}...)"
-            lines.append(f"  {who}: " + "; ".join(text))
+            said = [t for t in text if not t.startswith(("Bootstrap", "NET/Plugin"))] or list(text)
+            lines.append(f"  {who}: " + "; ".join(said))
     lines.append("")
     lines.append("Transport per GPU pair (what NCCL connected; row: sender, column: receiver):")
     lines += transports.render_matrix(r.transports)

@@ -28,7 +28,7 @@ _VERSION = re.compile(r"^NCCL version (?P<version>\S+)")
 # by a terminal, Ray's " [repeated 3x across cluster]" suffix.  A record is found at each "NCCL LEVEL"
 # marker and the prefix read backwards from it; everything before the first prefix is the launcher's.
 _MARK = re.compile(r"NCCL (?P<level>INFO|WARN|TRACE|ABORT) ?")
-_HEAD = re.compile(r"(?:(?P<host>[^\s:\[\]()<>|]+):(?P<pid>[^\s:\[\]]+):(?P<tid>[^\s:\[\]]+) )?"
+_HEAD = re.compile(r"(?:(?P<host>[^\s:\[\]()|]+):(?P<pid>[^\s:\[\]]+):(?P<tid>[^\s:\[\]]+) )?"
                    r"(?:\[(?P<dev>\d+)\] )?(?:(?P<loc>[\w./-]+\.\w+:\d+) )?$")
 _RAY = re.compile(r"\((?:(?P<name>[\w.-]+) )?(?:rank=(?P<rank>\d+),? )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\d.:a-fA-F]+))?\)")
 _MPI = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
@@ -78,9 +78,15 @@ def _int(text: str | None) -> int | None:
 
 def records(line: str) -> list[Record]:
     """Every NCCL record in one line of a log (none for a line without a ``NCCL INFO|WARN`` marker)."""
+    return split(line)[1]
+
+
+def split(line: str) -> tuple[str, list[Record]]:
+    """(the text before the first record's prefix, every NCCL record in the line).  The text before is the
+    launcher's tag, or the end of a record that the terminal broke onto this line."""
     marks = list(_MARK.finditer(line))
     if not marks:
-        return []
+        return line, []
     out: list[Record] = []
     tag = None
     start = 0
@@ -93,7 +99,8 @@ def records(line: str) -> list[Record]:
     for i, m in enumerate(marks):
         head_at, h = heads[i]
         if i == 0:
-            tag = _tag(line[:head_at])
+            lead = line[:head_at]
+            tag = _tag(lead)
         end = heads[i + 1][0] if i + 1 < len(marks) else len(line)
         msg = _REPEATED.sub("", line[m.end():end]).rstrip()
         if out and not h.group(0):  # "... NCCL INFO a NCCL INFO b": the second is the first one's process
@@ -101,7 +108,7 @@ def records(line: str) -> list[Record]:
             out.append(Record(prev.host, prev.pid, prev.tid, prev.dev, m["level"], msg, *tag))
             continue
         out.append(Record(h["host"], _int(h["pid"]), _int(h["tid"]), _int(h["dev"]), m["level"], msg, *tag))
-    return out
+    return lead, out
 
 
 def bare_version(line: str) -> str | None:

@@ -51,6 +51,8 @@ _CONN = re.compile(r"^(?P<word>Channel|Ring) (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?
 _RING = re.compile(r"^Channel (?P<ch>\d+)/(?P<n>\d+) :(?P<body>[\s\d]*?)(?P<cut>\.\.\.)?\s*$")
 _OLD_RING = re.compile(r"^Ring (?P<ch>\d+) :(?P<body>(?: +\d+)+)\s*$")  # <= 2.5: "Ring 00 : 0 1 2 3"
 _NEIGHBOURS = re.compile(r"^Ring (?P<ch>\d+) : (?P<prev>-?\d+) -> (?P<rank>\d+) -> (?P<next>-?\d+)\s*$")
+_TREE_LINE = re.compile(r"^Tree (?P<ch>\d+) : (?P<up>-?\d+) -> (?P<rank>\d+) -> (?P<kids>-?\d+(?:/-?\d+)*)\s*$")  # 2.19+
+_OLD_RANK = re.compile(r"^(?:comm (?P<comm>0x[0-9a-fA-F]+) )?rank (?P<rank>\d+) nranks (?P<nranks>\d+)\s*$")  # <= 2.3
 _TREES = re.compile(r"^Trees(?P<body>(?: \[\d+\] [-\d/>|]+)*)")
 _TREE = re.compile(r"\[(\d+)\] ([-\d/>|]+)")
 # RCCL (and some builds) append " comm 0x.. nRanks N[ busId B]" to Trees and connection lines
@@ -293,6 +295,20 @@ def feed_record(state: _State, rec: ncclog.Record) -> bool:
             state.current[thread] = comm
         proc.saw_rank(comm.cuda_dev, comm.rank)
         return True
+    if (t := _TREE_LINE.match(msg)):
+        comm = _current(state, key, thread)
+        kids = [int(x) for x in t["kids"].split("/") if int(x) >= 0]
+        comm.trees.setdefault(int(t["ch"]), (kids, int(t["up"])))
+        proc.saw_rank(rec.dev, int(t["rank"]))
+        if comm.rank is None:
+            comm.rank = int(t["rank"])
+        return True
+    if (o := _OLD_RANK.match(msg)):
+        if o["comm"]:
+            comm = state.comm(key, o["comm"])
+            comm.rank, comm.nranks = int(o["rank"]), int(o["nranks"])
+        proc.saw_rank(rec.dev, int(o["rank"]))
+        return True
     if (t := _TREES.match(msg)):
         comm = _current(state, key, thread)
         if suffix:
@@ -528,10 +544,45 @@ def bus_maps(procs, extra: list[tuple[str, str, int]] = ()) -> dict[str, dict[st
 
 
 def multi_node(procs) -> bool:
-    """Several nodes: more than one host name in the prefixes, or a communicator with nNodes > 1."""
+    """Several nodes: more than one host name in the prefixes, a communicator with nNodes > 1, or
+    connections that one node cannot hold (``_more_nodes_than_hosts``: one host's file of a multi-node
+    job, two machines with one host name, a redacted host name)."""
     procs = list(procs)
     return (len({p.host for p in procs if p.host != "?"}) > 1
-            or any((c.nnodes or 1) > 1 for p in procs for c in p.comms))
+            or any((c.nnodes or 1) > 1 for p in procs for c in p.comms)
+            or bool(_more_nodes_than_hosts(procs)))
+
+
+def _more_nodes_than_hosts(procs) -> list[str]:
+    """Why the connections need more nodes than the host names show (empty: they do not):
+
+    * a NET connection between two GPUs of one number (``6[b1000] -> 14[b1000]``): a GPU never sends to
+      itself over the network, so the two ends are on two nodes;
+    * two processes of one host name that each print the same GPU as their own end: one GPU has one
+      process, so they run on two machines (host names repeat, or were redacted);
+    * a NET connection to a rank no process of the host was seen as, from a host whose other pairs use
+      P2P or SHM: the network is then the way to another node."""
+    why = []
+    own: dict[tuple[str, str], set] = {}
+    for p in procs:
+        ranks_here = {r for q in procs if q.host == p.host for rs in q.ranks.values() for r in rs}
+        in_box = any(c.kind in (P2P, SHM) for q in procs if q.host == p.host for c in q.connections)
+        for c in p.connections:
+            mine = c.dst_gpu if c.side == "receive" else c.src_gpu
+            if mine != "?":
+                own.setdefault((p.host, mine), set()).add(p.pid)
+            if c.kind != NET:
+                continue
+            if c.src_gpu == c.dst_gpu and c.src_gpu != "?":
+                why.append(f"{p.host}: NET between two GPUs numbered {c.src_gpu} (ranks {c.src_rank} and {c.dst_rank})")
+            far = c.src_rank if c.side == "receive" else c.dst_rank
+            if in_box and far not in ranks_here:
+                why.append(f"{p.host}: NET to rank {far}, which no process of {p.host} was seen as")
+    for (host, gpu), pids in own.items():
+        if len(pids) > 1:
+            why.append(f"{host}: processes {', '.join(str(x) for x in sorted(pids, key=str)[:4])} each print GPU {gpu} "
+                       "as their own")
+    return why
 
 
 def rank_hosts(procs) -> dict[int, set[str]]:
