@@ -371,8 +371,9 @@ def _ranks_text(p: dict) -> str:
 def render(r: LogReport) -> str:
     lines = []
     n_lines = sum(f["lines"] for f in r.files)
+    named = [n for n in r.nodes if n["host"] != "?"]
     lines.append(f"NCCL log: {len(r.files)} file(s), {n_lines} lines, {len(r.processes)} NCCL process(es) on "
-                 f"{len(r.nodes)} node(s)")
+                 f"{len(named)} node(s)" + (" (and lines without a host prefix)" if len(named) < len(r.nodes) else ""))
     v = r.version
     if not v["versions"] and v["found_outside_nccl_lines"]:
         first = v["found_outside_nccl_lines"][0]
@@ -387,7 +388,7 @@ def render(r: LogReport) -> str:
         lines.append("older forms read: " + "; ".join(v["forms"]))
     lines.append("")
     nnodes = max((c["nnodes"] or 0 for p in r.processes for c in p["comms"]), default=0)
-    head = f"Nodes and GPUs ({len(r.nodes)} node(s) in the log"
+    head = f"Nodes and GPUs ({len(named)} node(s) in the log"
     head += f", NCCL says nNodes {nnodes}):" if nnodes and nnodes != len(r.nodes) else "):"
     lines.append(head)
     for n in r.nodes[:32]:

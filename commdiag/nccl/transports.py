@@ -233,6 +233,8 @@ def feed_record(state: _State, rec: ncclog.Record) -> bool:
     suffix = _SUFFIX.search(msg)
     if suffix:
         msg = msg[:suffix.start()]
+        if suffix["bus"] and rec.dev is not None:  # "... comm 0x.. nRanks 8 busId c6000": this process's GPU
+            proc.bus.setdefault(suffix["bus"].lower(), rec.dev)
     if msg.startswith(("Channel ", "Ring ")):
         if (c := _CONN.match(msg)):
             conn = Connection(int(c["ch"]), int(c["conn"]) if c["conn"] is not None else None, int(c["src"]),
@@ -624,6 +626,8 @@ def resolve(procs, multi: bool | None = None) -> tuple[list[tuple], dict[str, di
                 host: str | None = proc.host
                 if c.kind == NET and end != printer:
                     found = hosts_of.get(rank, set())
+                    if len(found) > 1:  # rank numbers of several communicators: the network goes elsewhere
+                        found = found - {proc.host}
                     host = next(iter(found)) if len(found) == 1 else (None if multi else proc.host)
                 if gpu.startswith("bus:") and host is not None:
                     devs = {d for h, d in rank_devs.get(rank, ()) if h == host}
@@ -634,7 +638,7 @@ def resolve(procs, multi: bool | None = None) -> tuple[list[tuple], dict[str, di
     maps = bus_maps(procs, extra)
     unmapped = {h for ends, _ in raw for _, g, h in ends if g.startswith("bus:") and g[4:] not in maps.get(h, {})}
     back = {h: {str(d): b for b, d in m.items()} for h, m in bus_maps(procs).items()}  # parse mapped these
-    out, info = [], {}
+    firsts = []
     for ends, c in raw:
         labels = []
         for rank, gpu, host in ends:
@@ -643,13 +647,24 @@ def resolve(procs, multi: bool | None = None) -> tuple[list[tuple], dict[str, di
             elif host in unmapped and gpu in back.get(host, {}):
                 gpu = f"bus:{back[host][gpu]}"
             label = endpoint(rank, gpu) if multi else (gpu if gpu != "?" else f"r{rank}")
-            e = info.setdefault(label, {"host": host if host != "?" else None, "ranks": [], "gpu": gpu})
+            labels.append((label, None if host in (None, "?") else host, rank, gpu))
+        firsts.append((labels, c))
+    hosts_of_label: dict[str, set] = {}
+    for labels, _ in firsts:
+        for label, host, _, _ in labels:
+            if host is not None:
+                hosts_of_label.setdefault(label, set()).add(host)
+    out, info = [], {}
+    for labels, c in firsts:
+        names = []
+        for label, host, rank, gpu in labels:
+            if len(hosts_of_label.get(label, ())) > 1:  # two nodes' "r0/GPU0" (two jobs, two communicators)
+                label = f"{label}@{host or '?'}"
+            e = info.setdefault(label, {"host": host, "ranks": [], "gpu": gpu})
             if rank not in e["ranks"]:
                 e["ranks"].append(rank)
-            if e["host"] is None and host not in (None, "?"):
-                e["host"] = host
-            labels.append(label)
-        out.append((labels[0], labels[1], c))
+            names.append(label)
+        out.append((names[0], names[1], c))
     return out, info
 
 
