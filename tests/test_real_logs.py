@@ -95,6 +95,10 @@ NODES = {  # file -> [(host, pids, ranks seen on it)]
     "65": [("ip-10-216-178-255", [416483], [20, 21]), ("ip-10-216-179-119", [416602, 416603], [24, 25, 26]),
            ("ip-10-216-179-193", [641219], [0, 1]), ("ip-10-216-179-87", [417137], [13, 14])],
     "66": [("hostname-test", [980, 981, 983, 984, 985], [32, 33, 35, 36, 37])],
+    "67": [("10-90-43-152", [120890], [0, 1, 2, 3])],
+    "68": [("sh9-machine-20250813085604-64df4c99dc-m27xf", [3884994], list(range(8)))],
+    "69": [("H20-GPU-05", [1789225], [0, 1]), ("H20-GPU-06", [4015539, 4015540], [2, 3])],
+    "70": [("job-3bb823c0-6d27-4312-8094-1c5910bf9b51-worker-0", [5665, 5668, 5669, 5670], [0, 1, 2, 4, 5, 6, 7])],
 }
 
 
@@ -130,6 +134,13 @@ def test_nccl_tests_device_lines_name_the_gpus_and_their_processes():
     assert [n["gpu_names"] for n in r.nodes] == [["NVIDIA H20-3e"], ["NVIDIA H20-3e"]]
     assert {p["pid"]: p["devices"] for p in r.processes} == {1789224: [0], 1789225: [1], 4015539: [0], 4015540: [1]}
     assert r.multi_node
+
+
+def test_the_network_inside_one_box_is_not_taken_for_another_node():
+    r = report(_f("67"))  # one process, 4 GPUs, NET/IB between them: still one node, keyed by GPU
+    assert not r.multi_node and r.transports["gpus"] == ["0", "1", "2", "3"]
+    eps = report(_f("69")).transports["endpoints"]
+    assert (eps["r0/GPU0"]["host"], eps["r2/GPU0"]["host"]) == ("H20-GPU-05", "H20-GPU-06")
 
 
 def test_more_nodes_than_host_names_is_said_and_keyed_by_rank():
@@ -176,6 +187,11 @@ PAIRS = {  # file -> {(src, dst): cell}
            ("r0/bus:101c0", "r1/bus:101d0"): "P2P/read"},
     "66": {(f"r{a}/GPU{a % 16}", f"r{b}/GPU{b % 16}"): "NET/IBext_v8" for a, b in
            [(36, 20), (32, 0), (51, 35), (37, 5), (49, 33)]},
+    "67": {(str(a), str(b)): "NET/IB/GDR" for a, b in [(0, 1), (0, 2), (2, 0), (2, 1), (2, 3), (3, 0), (3, 2)]},
+    "68": {(str(a), str(a + 1)): "P2P/ptr" for a in (0, 1, 2, 3, 4, 6)},
+    "69": {("r0/GPU0", "r2/GPU0"): "NET/IB/GDR", ("r1/GPU1", "r3/GPU1"): "NET/IB/GDR",
+           ("r3/GPU1", "r1/GPU1"): "NET/IB/GDR", ("r3/GPU1", "r2/GPU0"): "P2P", ("r1/GPU1", "r0/GPU0"): "P2P"},
+    "70": {("7", "0"): "P2P", ("6", "5"): "P2P", ("2", "1"): "P2P", ("5", "4"): "P2P"},
 }
 
 

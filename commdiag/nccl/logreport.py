@@ -174,6 +174,10 @@ def _version_hint(forms: list[str], files) -> str | None:
     """What the forms of a log without a version line say of its NCCL version."""
     hints = [re.search(r"\((NCCL [^)]*)\)", f).group(1) for f in forms if re.search(r"\((NCCL [^)]*)\)", f)]
     msgs = [r.msg for f in files for r in f.kept]
+    if any("via P2P/CUMEM" in m for m in msgs):
+        hints.append("NCCL >= 2.18 (P2P/CUMEM)")
+    if any(m.startswith("TUNER/Plugin") for m in msgs):
+        hints.append("NCCL >= 2.19 (tuner plugin lines)")
     if any(" nvls channels" in m for m in msgs):
         hints.append("NCCL >= 2.17 ('nvls channels')")
     if any("channel{Lo..Hi}" in m for m in msgs) or any(t[2] != "?" and t[6] is not None for f in files
@@ -213,7 +217,7 @@ def _network(procs_tr: dict) -> list[dict]:
                 by_host[host].append(line)
     out = []
     for host, lines in by_host.items():
-        using = next((m.group(1) for l in lines if (m := re.match(r"Using network (\S+)", l))), None)
+        using = next((m.group(1).strip() for l in lines if (m := re.match(r"Using network (.+)$", l))), None)
         out.append({"host": host, "using": using, "lines": [_clip(l, 160) for l in lines[:8]]})
     return out
 

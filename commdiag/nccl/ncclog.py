@@ -30,7 +30,10 @@ _VERSION = re.compile(r"^NCCL version (?P<version>\S+)")
 _MARK = re.compile(r"NCCL (?P<level>INFO|WARN|TRACE|ABORT) ?")
 _HEAD = re.compile(r"(?:(?P<host>[^\s:\[\]()|]+):(?P<pid>[^\s:\[\]]+):(?P<tid>[^\s:\[\]]+) )?"
                    r"(?:\[(?P<dev>\d+)\] )?(?:(?P<loc>[\w./-]+\.\w+:\d+) )?$")
-_RAY = re.compile(r"\((?:(?P<name>[\w.-]+) )?(?:rank=(?P<rank>\d+),? )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\d.:a-fA-F]+))?\)")
+# Ray/vLLM: "(RayWorkerWrapper pid=581, ip=10.0.0.1)", "(pid=N)", "(VllmWorker rank=1 pid=9)", "(VllmWorker TP0 pid=9)"
+_RAY = re.compile(r"\((?P<pre>[^()]*?)\bpid=(?P<pid>\d+)(?:, ip=(?P<ip>[\d.:a-fA-F]+))?\)")
+_RAY_RANK = re.compile(r"\brank=(?P<a>\d+)|\bTP(?P<b>\d+)\b")
+_SGLANG = re.compile(r"^\[[^\]]*\bTP(?P<rank>\d+)\]")  # SGLang: "[2024-10-10 10:00:00 TP1] "
 _MPI = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
 _TAGGED_RANK = re.compile(r"^(?:\[(?P<a>\d+)\]|(?P<b>\d+):|\[default(?P<c>\d+)\]:|\[rank(?P<d>\d+)\]:)\s*")
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
@@ -64,7 +67,10 @@ def _tag(text: str) -> tuple[int | None, int | None, str | None]:
     rank = pid = ip = None
     if (m := _RAY.search(text)):
         pid, ip = int(m["pid"]), m["ip"]
-        rank = int(m["rank"]) if m["rank"] else None
+        if (r := _RAY_RANK.search(m["pre"])):
+            rank = int(r["a"] or r["b"])
+    elif (m := _SGLANG.match(text)):
+        rank = int(m["rank"])
     if (m := _MPI.search(text)):
         rank = int(m["rank"])
     elif (m := _TAGGED_RANK.match(text)) and rank is None:

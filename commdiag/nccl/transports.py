@@ -62,7 +62,7 @@ _COMM = re.compile(r"^comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) n
                    r"nNodes (?P<nnodes>\d+) localRanks (?P<lranks>\d+) localRank (?P<lrank>\d+)"
                    r"(?: MNNVL (?P<mnnvl>\d+))?")
 _INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
-                   r"(?: nvmlDev (?P<nvml>\d+))? busId (?P<bus>[0-9a-fA-F]+)\b.*- Init (?P<what>START|COMPLETE)$")
+                   r"(?: nvmlDev (?P<nvml>\d+))?(?: busId (?P<bus>[0-9a-fA-F]+)\b)?.*- Init (?P<what>START|COMPLETE)\s*$")
 _CONNECTED = re.compile(r"^(?:rank \d+ )?Connected (?P<what>all rings|all trees|NVLS tree|CollNet|Collnet Chains|"
                         r"collnet \+ chain)(?:, use ring PXN (?P<pxn>\d+) GDR (?P<gdr>\d+))?")
 _CHANNELS = re.compile(r"^(?P<coll>\d+) coll channels, (?:(?P<collnet>\d+) collnet channels, )?(?P<nvls>\d+) nvls "
@@ -291,8 +291,9 @@ def feed_record(state: _State, rec: ncclog.Record) -> bool:
         comm = state.comm(key, i["comm"])
         comm.rank, comm.nranks, comm.cuda_dev = int(i["rank"]), int(i["nranks"]), int(i["cuda"])
         comm.nvml_dev = int(i["nvml"]) if i["nvml"] is not None else None
-        comm.bus_id = i["bus"].lower()
-        proc.bus.setdefault(comm.bus_id, comm.cuda_dev)
+        if i["bus"]:  # NCCL <= 2.6 printed no busId
+            comm.bus_id = i["bus"].lower()
+            proc.bus.setdefault(comm.bus_id, comm.cuda_dev)
         if i["what"] == "START":
             state.current[thread] = comm
         proc.saw_rank(comm.cuda_dev, comm.rank)
@@ -663,6 +664,8 @@ def resolve(procs, multi: bool | None = None) -> tuple[list[tuple], dict[str, di
             e = info.setdefault(label, {"host": host, "ranks": [], "gpu": gpu})
             if rank not in e["ranks"]:
                 e["ranks"].append(rank)
+            if e["host"] is None:
+                e["host"] = host
             names.append(label)
         out.append((names[0], names[1], c))
     return out, info
