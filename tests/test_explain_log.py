@@ -126,3 +126,37 @@ def test_real_one_rank_init_log_with_graph_lines():
     assert comm["channels"]["coll"] == 64 and r.transports["pairs"] == []
     assert any("no connection lines" in n for n in r.notes)
     assert r.applied == {"NCCL_NVLS_ENABLE": {"0": ["vm:453"]}}
+
+
+PREFIXED = [  # (what a launcher or a paste puts before NCCL's record, the rank its tag gives)
+    ("(RayWorkerWrapper pid=581, ip=10.225.128.18) ", None), ("(pid=909608) ", None),
+    ("(VllmWorker rank=1 pid=4527) ", 1), ("(VllmWorker TP1 pid=4527) ", 1), ("[1,1]<stdout>:", 1),
+    ("1: ", 1), ("[default1]:", 1), ("[rank1]:", 1), ("[1] ", 1), ("[2024-10-10 10:00:00 TP1] ", 1),
+    ("2024-12-04T05:27:44.080Z ", None), ("  | 2024-12-04T05:27:44.080Z | ", None),
+    ("2025-11-12 20:41:43,851 - INFO - ", None), ("> ", None), ("worker-1  | ", None),
+]
+
+
+def test_every_launcher_prefix_is_read_with_the_process_and_its_tag(tmp_path):
+    for i, (pre, rank) in enumerate(PREFIXED):
+        log = tmp_path / f"p{i}.log"
+        log.write_text(f"{pre}box:4527:4527 [1] NCCL INFO NCCL_P2P_DISABLE set by environment to 1\n"
+                       f"{pre}box:4527:4527 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/IPC [repeated 3x across "
+                       "cluster]\n")
+        r = logreport.explain_logs([log])
+        assert [(p["host"], p["pid"]) for p in r.processes] == [("box", 4527)], pre
+        assert r.applied == {"NCCL_P2P_DISABLE": {"1": ["box:4527"]}}, pre
+        assert [(p["src"], p["dst"], list(p["transports"])) for p in r.transports["pairs"]] == [("1", "2", ["P2P/IPC"])]
+        assert r.processes[0]["tag_rank"] == rank, pre
+
+
+def test_stripped_and_redacted_prefixes_and_joined_records_are_still_records(tmp_path):
+    log = tmp_path / "pasted.log"
+    log.write_text("NCCL INFO Using network Socket\n"
+                   "[0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n"
+                   "xxxx:xxxx:xxxx [1] NCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct/direct "
+                   "xxxx:xxxx:xxxx [1] NCCL WARN Cuda failure 'out of memory'\n")
+    r = logreport.explain_logs([log])
+    assert {(p["src"], p["dst"]) for p in r.transports["pairs"]} == {("0", "1"), ("1", "0")}
+    assert [w["text"] for w in r.warnings] == ["Cuda failure 'out of memory'"]
+    assert r.network[0]["using"] == "Socket"

@@ -33,6 +33,7 @@ _MESSAGE_START = re.compile(r"^(?:Ring|Channel|Trees?|Connected|comm|NET/|Using|
 _TAGGED_LEAD = re.compile(r"^(?:\(|\[\d+,\d+\]<|#)")  # a launcher's tag or a comment, not a message's rest
 MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL TRACE", b"NCCL ABORT", b"NCCL version", b"nccl-library=", b"nccl==",
            b" Pid ")
+_ANY_MARKER = re.compile(b"|".join(re.escape(m) for m in MARKERS))
 _MENTION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+[^\s,;)'\"]*)|\bnccl==(?P<pip>\d+\.\d+\.\d+)|"
                       r"nccl-library=(?P<code>\d{4,6})\b")
 # nccl-tests: "#  Rank  0 Group  0 Pid    245 on nccl-tests device  0 [0xc1] NVIDIA RTX A6000" ("Group" from 2.12)
@@ -96,7 +97,7 @@ def read(path: str, *, max_bytes: int = MAX_BYTES, max_line: int = MAX_LINE) -> 
                     out.read_bytes += len(raw)
                 continue
             out.lines += 1
-            if not out.pending and not any(m in raw for m in MARKERS):
+            if not out.pending and not _ANY_MARKER.search(raw):
                 continue
             _keep(out, raw.decode("utf-8", "replace").rstrip("\r\n"), out.lines)
         else:
@@ -111,6 +112,13 @@ def version_code(code: int) -> str:
     return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
 
 
+def _count(out: LogFile, proc: tuple, t: re.Match) -> None:
+    ch = int(t["hi"]) - int(t["lo"]) + 1 if t["lo"] is not None else None
+    key = (proc[0], proc[1], t["coll"] or "?", int(t["bytes"]), ncclog._name(t["algo"], ncclog.ALGO_IDS, ncclog._ALGO_NAMES),
+           ncclog._name(t["proto"], ncclog.PROTO_IDS, ncclog._PROTO_NAMES), ch)
+    out.tuning[key] = out.tuning.get(key, 0) + 1
+
+
 def _unfinished(r: ncclog.Record) -> bool:
     """A record whose message the terminal (or interleaved writes) carried onto the next line: nothing
     after the prefix, or a connection line cut after "via"."""
@@ -118,6 +126,10 @@ def _unfinished(r: ncclog.Record) -> bool:
 
 
 def _keep(out: LogFile, line: str, lineno: int) -> None:
+    if " Bytes -> Algo " in line and not out.pending and (f := ncclog._FAST.match(line)) \
+            and (t := ncclog._TUNING.match(f["msg"])):  # most of a big log: count it, keep nothing
+        _count(out, (f["host"], int(f["pid"])), t)
+        return
     lead, recs = ncclog.split(line)
     rest = lead.strip()
     out.pending = [(i, n) for i, n in out.pending if n >= lineno - PENDING_LINES]
@@ -153,12 +165,7 @@ def _keep_rest(out: LogFile, line: str, lineno: int, recs: list[ncclog.Record]) 
         if r.level == "INFO" and " Bytes -> Algo " in r.msg:
             t = ncclog._TUNING.match(r.msg)
             if t:
-                ch = int(t["hi"]) - int(t["lo"]) + 1 if t["lo"] is not None else None
-                host, pid = r.proc
-                key = (host, pid, t["coll"] or "?", int(t["bytes"]),
-                       ncclog._name(t["algo"], ncclog.ALGO_IDS, ncclog._ALGO_NAMES),
-                       ncclog._name(t["proto"], ncclog.PROTO_IDS, ncclog._PROTO_NAMES), ch)
-                out.tuning[key] = out.tuning.get(key, 0) + 1
+                _count(out, r.proc, t)
                 continue
         if len(out.kept) >= MAX_KEPT_LINES:
             out.dropped += 1

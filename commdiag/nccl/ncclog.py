@@ -27,6 +27,9 @@ _VERSION = re.compile(r"^NCCL version (?P<version>\S+)")
 # stripped or redacted ("[0] NCCL INFO ..." or "xxx:xxx:xxx [0] ..."), several records joined on one line
 # by a terminal, Ray's " [repeated 3x across cluster]" suffix.  A record is found at each "NCCL LEVEL"
 # marker and the prefix read backwards from it; everything before the first prefix is the launcher's.
+_FAST = re.compile(r"(?P<host>[^\s:\[\]()|]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] (?:[\w./-]+\.\w+:\d+ )?"
+                   r"NCCL (?P<level>INFO|WARN|TRACE|ABORT) ?(?P<msg>.*)")
+HEAD_MAX = 400  # characters before a marker in which its prefix is looked for
 _MARK = re.compile(r"NCCL (?P<level>INFO|WARN|TRACE|ABORT) ?")
 _HEAD = re.compile(r"(?:(?P<host>[^\s:\[\]()|]+):(?P<pid>[^\s:\[\]]+):(?P<tid>[^\s:\[\]]+) )?"
                    r"(?:\[(?P<dev>\d+)\] )?(?:(?P<loc>[\w./-]+\.\w+:\d+) )?$")
@@ -90,6 +93,10 @@ def records(line: str) -> list[Record]:
 def split(line: str) -> tuple[str, list[Record]]:
     """(the text before the first record's prefix, every NCCL record in the line).  The text before is the
     launcher's tag, or the end of a record that the terminal broke onto this line."""
+    f = _FAST.match(line)
+    if f and "NCCL " not in f["msg"]:  # the common case: one record, NCCL's own prefix first on the line
+        return "", [Record(f["host"], int(f["pid"]), int(f["tid"]), int(f["dev"]), f["level"],
+                           _REPEATED.sub("", f["msg"]).rstrip())]
     marks = list(_MARK.finditer(line))
     if not marks:
         return line, []
@@ -98,9 +105,9 @@ def split(line: str) -> tuple[str, list[Record]]:
     start = 0
     heads = []
     for m in marks:
-        before = line[start:m.start()]
-        h = _HEAD.search(before)
-        heads.append((start + h.start(), h))
+        at = max(start, m.start() - HEAD_MAX)  # a prefix is < 300 characters: never scan a 64 KB junk line
+        h = _HEAD.search(line, at, m.start())
+        heads.append((h.start(), h))
         start = m.end()
     for i, m in enumerate(marks):
         head_at, h = heads[i]

@@ -567,14 +567,19 @@ def _more_nodes_than_hosts(procs) -> list[str]:
       P2P or SHM: the network is then the way to another node."""
     why = []
     own: dict[tuple[str, str], set] = {}
+    ranks_of: dict[str, set] = {}
+    boxed: set[str] = set()
+    for q in procs:
+        ranks_of.setdefault(q.host, set()).update(r for rs in q.ranks.values() for r in rs)
+        if any(c.kind in (P2P, SHM) for c in q.connections):
+            boxed.add(q.host)
     for p in procs:
-        ranks_here = {r for q in procs if q.host == p.host for rs in q.ranks.values() for r in rs}
-        in_box = any(c.kind in (P2P, SHM) for q in procs if q.host == p.host for c in q.connections)
+        ranks_here, in_box = ranks_of[p.host], p.host in boxed
         for c in p.connections:
             mine = c.dst_gpu if c.side == "receive" else c.src_gpu
             if mine != "?":
                 own.setdefault((p.host, mine), set()).add(p.pid)
-            if c.kind != NET:
+            if c.kind != NET or len(why) >= 4:
                 continue
             if c.src_gpu == c.dst_gpu and c.src_gpu != "?":
                 why.append(f"{p.host}: NET between two GPUs numbered {c.src_gpu} (ranks {c.src_rank} and {c.dst_rank})")
@@ -619,7 +624,7 @@ def resolve(procs, multi: bool | None = None) -> tuple[list[tuple], dict[str, di
     raw = []
     extra = []
     for proc in procs:
-        for c in proc.connections:
+        for c in dict.fromkeys(proc.connections):  # a server's log repeats its inits: each line once
             printer = "dst" if c.side == "receive" else "src"
             ends = []
             for end in ("src", "dst"):
@@ -713,6 +718,8 @@ def matrix_json(procs, multi: bool | None = None) -> dict:
     """run.json / --json form: every pair's transports and channels, the matrix cells, and per endpoint
     its node (``host``), ``ranks`` and ``gpu``; a pair whose setup failed has ``failed`` (via -> WARN)."""
     procs = list(procs)
+    if multi is None:
+        multi = multi_node(procs)
     found = pairs(procs, multi)
     _, info = resolve(procs, multi)
     gpus = _gpus(found)
@@ -871,7 +878,7 @@ def summary_json(procs, multi: bool | None = None) -> dict:
                 comms.append({"pid": p.pid, "host": p.host, "comm": c.comm, "rank": c.rank, "nranks": c.nranks,
                               "nnodes": c.nnodes, "nvml_dev": c.nvml_dev, "cuda_dev": c.cuda_dev,
                               "rings": ring_summary(c), "trees": tree_summary(c), "channels": c.channels})
-    return {**matrix_json(procs, multi), "comms": comms,
+    return {**matrix_json(procs, multi_node(procs) if multi is None else multi), "comms": comms,
             "connected": sorted({w for p in procs for w in p.connected}),
             "collnet": sum(len(p.collnet) for p in procs), "nvls": sorted({l for p in procs for l in p.nvls}),
             "p2p_disabled": sorted({tuple(x) for p in procs for x in p.p2p_disabled})}
