@@ -160,3 +160,12 @@ def test_stripped_and_redacted_prefixes_and_joined_records_are_still_records(tmp
     assert {(p["src"], p["dst"]) for p in r.transports["pairs"]} == {("0", "1"), ("1", "0")}
     assert [w["text"] for w in r.warnings] == ["Cuda failure 'out of memory'"]
     assert r.network[0]["using"] == "Socket"
+
+
+def test_shm_on_a_box_whose_topology_shows_nvlink_is_a_cause(tmp_path):
+    # the GRAPH pattern line NCCL 2.x prints ("type NVL/PIX"), then SHM between the pair
+    log = tmp_path / "nvl.log"
+    log.write_text("box:1:1 [0] NCCL INFO Pattern 4, crossNic 0, nChannels 12, bw 20.000000/20.000000, type NVL/PIX, "
+                   "sameChannels 1\nbox:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n")
+    r = logreport.explain_logs([log])
+    assert any("the topology NCCL read shows NVLink, yet GPU pairs use SHM" in c for c in r.causes)

@@ -274,7 +274,11 @@ def _causes(r: LogReport, procs_tr: dict) -> list[str]:
         for via in p["transports"]:
             k = transports.kind_of(via)
             by_host.setdefault(host, Counter())[k if k != transports.NET or _same_host(eps, a, b) else "NET-x"] += 1
+    nvlink = {h for (h, _), p in procs_tr.items() if p.nvlink}
     for host, kinds in by_host.items():
+        if kinds.get(transports.SHM) and host in nvlink:
+            out.append(f"{host}: the topology NCCL read shows NVLink, yet GPU pairs use SHM (host memory): P2P was "
+                       "turned off (NCCL_P2P_DISABLE, NCCL_P2P_LEVEL) or NCCL could not open it between them")
         if kinds.get(transports.SHM) and not kinds.get(transports.P2P):
             if p2p_off:
                 out.append(f"{host}: SHM (host memory) between every GPU pair because P2P was turned off: "

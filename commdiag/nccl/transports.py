@@ -77,6 +77,7 @@ _NETWORK = re.compile(r"^(?:Using network \S+|NET/\S+ ?: .*|Bootstrap ?: Using .
                       r"Failed to open libibverbs.*|NET/Plugin.*)$")
 # lines that look like a connection or a graph but none of the forms above: named, never skipped silently
 _LOOKS_LIKE = re.compile(r"^(?:Channel \d+|Ring \d+|Trees|Tree \d+)\b| via (?:P2P|SHM|NET|COLLNET)")
+_NVLINK = re.compile(r"type NVL/|\+ NVL\[|\(\d+/[\d.]+/NVL\)")  # GRAPH: pattern line, topology tree, paths
 _AFFINITY = re.compile(r"^Setting affinity for GPU (?P<gpu>\d+) to")
 
 P2P, SHM, NET = "P2P", "SHM", "NET"
@@ -149,6 +150,7 @@ class ProcessTransports:
     forms: list[str] = field(default_factory=list)  # older forms seen (each names its NCCL versions)
     unknown: list[str] = field(default_factory=list)  # lines that look like connections/graphs, form unknown
     bus: dict[str, int] = field(default_factory=dict)  # PCI bus id -> cudaDev, from this process's own lines
+    nvlink: bool = False  # the topology NCCL printed (GRAPH lines) shows NVLink: "type NVL/...", "NVL["
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -353,6 +355,9 @@ def feed_record(state: _State, rec: ncclog.Record) -> bool:
     if _NETWORK.match(msg):
         if msg not in proc.network and len(proc.network) < 16:
             proc.network.append(msg)
+        return True
+    if _NVLINK.search(msg):
+        proc.nvlink = True
         return True
     if (a := _AFFINITY.match(msg)):
         if rec.dev is not None:
@@ -586,6 +591,7 @@ def _more_nodes_than_hosts(procs) -> list[str]:
             far = c.src_rank if c.side == "receive" else c.dst_rank
             if in_box and far not in ranks_here:
                 why.append(f"{p.host}: NET to rank {far}, which no process of {p.host} was seen as")
+            why = list(dict.fromkeys(why))
     for (host, gpu), pids in own.items():
         if len(pids) > 1:
             why.append(f"{host}: processes {', '.join(str(x) for x in sorted(pids, key=str)[:4])} each print GPU {gpu} "
