@@ -11,6 +11,7 @@ every line), whether or not a ``comm ... nNodes K`` line made it into the file.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ def _bus_of(text: str) -> str | None:
 def explain_logs(paths) -> LogReport:
     """Read every file and explain what NCCL said in them; CommdiagError (exit 2) for an unreadable one."""
     files = [logread.read(str(p)) for p in paths]
+    _mend_hosts(files)
     recs = [r for f in files for r in f.kept]
     procs_tr = transports.parse_records(recs, extra=[(d["host"], d["pid"], _bus_of(d["bus"]), d["dev"], d["rank"])
                                                      for f in files for d in f.devices])
@@ -134,6 +136,22 @@ def explain_logs(paths) -> LogReport:
     report.causes = _causes(report, procs_tr)
     report.notes = _notes(report, files, recs)
     return report
+
+
+def _mend_hosts(files: list[logread.LogFile]) -> None:
+    """A paste that lost the first characters of a line ("eepseek-v2-5-0:641:641" beside
+    "deepseek-v2-5-0:641:641"): a host that ends another host of the same pid is that host."""
+    hosts: dict[int, set] = {}
+    for f in files:
+        for r in f.kept:
+            if r.host and r.pid is not None:
+                hosts.setdefault(r.pid, set()).add(r.host)
+    fix = {(h, pid): full for pid, hs in hosts.items() if len(hs) > 1 for h in hs
+           for full in hs if full != h and full.endswith(h)}
+    if fix:
+        for f in files:
+            f.kept = [dataclasses.replace(r, host=fix[(r.host, r.pid)]) if (r.host, r.pid) in fix else r
+                      for r in f.kept]
 
 
 def _ranks_of(p: transports.ProcessTransports, devices: list[int]) -> list[dict]:

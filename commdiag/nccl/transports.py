@@ -641,10 +641,11 @@ def resolve(procs, multi: bool | None = None) -> tuple[list[tuple], dict[str, di
                     if len(found) > 1:  # rank numbers of several communicators: the network goes elsewhere
                         found = found - {proc.host}
                     host = next(iter(found)) if len(found) == 1 else (None if multi else proc.host)
-                if gpu.startswith("bus:") and host is not None:
-                    devs = {d for h, d in rank_devs.get(rank, ()) if h == host}
-                    if len(devs) == 1:
-                        extra.append((host, gpu[4:], next(iter(devs))))
+                devs = {d for h, d in rank_devs.get(rank, ()) if h == host} if host is not None else set()
+                if gpu.startswith("bus:") and len(devs) == 1:
+                    extra.append((host, gpu[4:], next(iter(devs))))
+                if gpu == "?" and len(devs) == 1:  # NCCL <= 2.4's NET lines print no brackets
+                    gpu = str(next(iter(devs)))
                 ends.append((rank, gpu, host))
             raw.append((ends, c))
     maps = bus_maps(procs, extra)
@@ -709,8 +710,9 @@ def pairs(procs, multi: bool | None = None) -> dict[tuple[str, str], PairTranspo
 
 
 def endpoint(rank: int, gpu: str) -> str:
-    """A matrix endpoint of a multi-node communicator: rank and its GPU on its own node."""
-    return f"r{rank}/GPU{gpu}" if gpu.isdigit() else f"r{rank}/{gpu}"
+    """A matrix endpoint of a multi-node communicator: rank and its GPU on its own node ("r8" where the
+    log never shows that rank's GPU)."""
+    return f"r{rank}/GPU{gpu}" if gpu.isdigit() else f"r{rank}" if gpu == "?" else f"r{rank}/{gpu}"
 
 
 def _gpu_key(g: str):
