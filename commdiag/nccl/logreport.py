@@ -424,7 +424,9 @@ def render(r: LogReport) -> str:
         seen = [g for g in n["endpoints"] if not g.isdigit() or int(g) not in n["gpus"]]
         also = f"; its connections show {', '.join(n['endpoints'])}" if seen else ""
         lines.append(f"  node {n['host']}: {len(n['processes'])} process(es), GPU(s) {gpus}{ranks}{names}{also}")
-        for p in [p for p in r.processes if p["host"] == n["host"]][:32]:
+        procs = [p for p in r.processes if p["host"] == n["host"]]
+        shown = procs if len(r.nodes) == 1 or len(procs) <= 8 else procs[:4]  # many nodes: their heads
+        for p in shown[:32]:
             comms = "; ".join(dict.fromkeys(f"rank {c['rank'] if c['rank'] is not None else '?'}/{c['nranks']}"
                                             + (f" nNodes {c['nnodes']}" if c["nnodes"] else "")
                                             for c in p["comms"][:4]))
@@ -436,6 +438,8 @@ def render(r: LogReport) -> str:
             several = f" (one process, {len(p['devices'])} GPUs)" if len(p["devices"]) > 1 else ""
             lines.append(f"  pid {p['pid'] if p['pid'] is not None else '?'} on {p['host']} GPU {devs}{several}: "
                          f"{comms}")
+        if len(procs) > len(shown[:32]):
+            lines.append(f"  ... and {len(procs) - len(shown[:32])} more process(es) on {n['host']} (see --json)")
     if len(r.nodes) > 32:
         lines.append(f"  ... and {len(r.nodes) - 32} more nodes (see --json)")
     if r.network:
