@@ -304,7 +304,7 @@ def test_a_log_of_a_version_line_only_is_read_not_refused():
     assert "no NCCL INFO/WARN line" in r.notes[0]
 
 
-HINTS = {"08": "NCCL < 2.18.3", "18": "NCCL >= 2.17", "22": "NCCL ~2.19-2.23", "45": "NCCL <= 2.5",
+HINTS = {"08": "NCCL < 2.18.3", "18": "NCCL >= 2.17", "22": "NCCL 2.19-2.23", "07": "NCCL >= 2.19", "73": "NCCL 2.5 (", "45": "NCCL <= 2.5",
          "48": "NCCL <= 2.5", "55": "NCCL <= 2.5", "56": "NCCL 2.5-2.7"}
 
 

@@ -188,22 +188,48 @@ def _version(processes: list[dict], files: list[logread.LogFile], procs_tr: dict
             "found_outside_nccl_lines": loose, "forms": forms, "hint": None if seen else _version_hint(forms, files)}
 
 
+# what each form says of the version: (first, last) NCCL that prints it, None where open
+_FORM_RANGES = [
+    ("'via direct shared memory'", None, (2, 8), "'via direct shared memory'"),
+    ("'Ring NN : a -> b via", None, (2, 5), "'Ring NN : a -> b via' lines"),
+    ("'Ring NN : 0 1 2", None, (2, 5), "'Ring NN : 0 1 ...' lines"),
+    ("double binary trees", (2, 5), (2, 7), "double trees"),
+    ("PCI bus ids", None, (2, 18), "bus ids in the brackets"),
+]
+
+
 def _version_hint(forms: list[str], files) -> str | None:
-    """What the forms of a log without a version line say of its NCCL version."""
-    hints = [re.search(r"\((NCCL [^)]*)\)", f).group(1) for f in forms if re.search(r"\((NCCL [^)]*)\)", f)]
+    """What the forms of a log without a version line say of its NCCL version: one range, and the forms
+    that give it ("NCCL 2.5-2.7 (double trees; bus ids in the brackets)")."""
+    found = [(lo, hi, why) for key, lo, hi, why in _FORM_RANGES if any(f.startswith(key) or key in f for f in forms)]
     msgs = [r.msg for f in files for r in f.kept]
     if any("via P2P/CUMEM" in m for m in msgs):
-        hints.append("NCCL >= 2.18 (P2P/CUMEM)")
+        found.append(((2, 18), None, "P2P/CUMEM"))
     if any(m.startswith("TUNER/Plugin") for m in msgs):
-        hints.append("NCCL >= 2.19 (tuner plugin lines)")
+        found.append(((2, 19), None, "tuner plugin lines"))
     if any(" nvls channels" in m for m in msgs):
-        hints.append("NCCL >= 2.17 ('nvls channels')")
+        found.append(((2, 17), None, "'nvls channels'"))
     if any("channel{Lo..Hi}" in m for m in msgs) or any(t[2] != "?" and t[6] is not None for f in files
                                                           for t in f.tuning):
-        hints.append("NCCL >= 2.24 (TUNING lines with channel ranges)")
+        found.append(((2, 24), None, "TUNING lines with channel ranges"))
     if any(t[2] == "?" for f in files for t in f.tuning):
-        hints.append("NCCL ~2.19-2.23 (TUNING lines without the collective's name)")
-    return "; ".join(dict.fromkeys(hints)) or None
+        found.append(((2, 19), (2, 23), "TUNING lines without the collective's name"))
+    if not found:
+        return None
+    los = [lo for lo, _, _ in found if lo]
+    his = [hi for _, hi, _ in found if hi]
+    lo, hi = (max(los) if los else None), (min(his) if his else None)
+    why = "; ".join(dict.fromkeys(w for _, _, w in found))
+    v = lambda t: ".".join(map(str, t))  # noqa: E731
+    if lo and hi and lo > hi:
+        return f"forms of different NCCL versions ({why})"
+    if lo and hi:
+        text = f"NCCL {v(lo)}" if lo == hi else f"NCCL {v(lo)}-{v(hi)}"
+    else:
+        text = f"NCCL >= {v(lo)}" if lo else f"NCCL <= {v(hi)}"
+    if text == "NCCL <= 2.18" and any("PCI bus ids" in f for f in forms):
+        text = "NCCL < 2.18.3"
+    return f"{text} ({why})"
 
 
 def _nodes(processes: list[dict], summary: dict) -> list[dict]:
