@@ -283,6 +283,10 @@ def test_rccl_suffix_is_not_part_of_the_transport_name():
     vias = {v for p in report(_f("63")).transports["pairs"] for v in p["transports"]}
     assert vias == {"NET/Socket/1", "NET/Socket/2", "P2P/IPC"}
     assert "comm 0x" not in "".join(report(_f("30")).transports["pairs"][0]["transports"])
+    ranks = {p["pid"]: [x for g in p["ranks"] for x in g["ranks"]] for p in report(_f("63")).processes}
+    assert ranks == {11143: [0], 11144: [1], 11145: [2], 11146: [3], 1263985: [4], 1263986: [5], 1263987: [6],
+                     1263988: [7]}  # 11143 and 1263986 only said "Connected all rings comm ... busId": their GPU's rank
+    assert "rank ?/" not in text(_f("63")) and "pid 11144 on g1064 GPU 1: rank 1/8" in text(_f("63"))
 
 
 # ------------------------------------------------------------------------------------------- versions

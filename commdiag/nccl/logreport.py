@@ -119,6 +119,7 @@ def explain_logs(paths) -> LogReport:
               "problems": [_clip(x) for x in t.problems()], "rules_fired": len(t.events)}
              for k, t in sorted(tuners.items(), key=lambda kv: (kv[0][0], kv[0][1] or -1)) if t.wanted or t.loaded]
     summary = transports.summary_json(procs_tr.values())
+    _ranks_from_endpoints(processes, summary)
     report = LogReport([_file_json(f) for f in files], _nodes(processes, summary), processes,
                        _version(processes, files, procs_tr), applied, summary, tuner, _tuning(files))
     report.network = _network(procs_tr)
@@ -136,6 +137,23 @@ def explain_logs(paths) -> LogReport:
     report.causes = _causes(report, procs_tr)
     report.notes = _notes(report, files, recs)
     return report
+
+
+def _ranks_from_endpoints(processes: list[dict], summary: dict) -> None:
+    """A process that printed no rank of its own, on one GPU that a connection line of its host shows as
+    a rank (RCCL's "Connected all rings comm ... busId" beside its peers' lines): that rank."""
+    by_gpu: dict[tuple, set] = {}
+    for e in summary.get("endpoints", {}).values():
+        if e.get("host") and e["gpu"].isdigit():
+            by_gpu.setdefault((e["host"], int(e["gpu"])), set()).update(e["ranks"])
+    taken = {(p["host"], d) for p in processes if p["ranks"] for d in p["devices"]}
+    for p in processes:
+        if p["ranks"] or len(p["devices"]) != 1 or (p["host"], p["devices"][0]) in taken:
+            continue
+        ranks = by_gpu.get((p["host"], p["devices"][0]))
+        if ranks and len(ranks) == 1 and sum(1 for q in processes if q["host"] == p["host"]
+                                             and q["devices"] == p["devices"]) == 1:
+            p["ranks"] = [{"device": p["devices"][0], "ranks": sorted(ranks), "from": "its GPU in the connections"}]
 
 
 def _mend_hosts(files: list[logread.LogFile]) -> None:
@@ -398,7 +416,7 @@ def _notes(r: LogReport, files: list[logread.LogFile], recs) -> list[str]:
                    + "; GPU pairs are keyed by rank")
     if any(p["host"] == "?" for p in r.processes):
         out.append("some lines carry no host:pid:tid prefix (stripped when pasted): their process is shown as '?'")
-    tagged = [p for p in r.processes for g in p["ranks"] if g["from"] != "NCCL"]
+    tagged = [p for p in r.processes for g in p["ranks"] if g["from"] == "the launcher's tag"]
     if tagged:
         out.append("ranks marked (tag) come from the launcher's tag ([1,N]<stdout>:, [N]), not from NCCL")
     for f in files:
@@ -414,7 +432,8 @@ def _notes(r: LogReport, files: list[logread.LogFile], recs) -> list[str]:
 def _ranks_text(p: dict) -> str:
     parts = []
     for g in p["ranks"]:
-        who = ", ".join(map(str, g["ranks"])) + (" (tag)" if g["from"] != "NCCL" else "")
+        who = ", ".join(map(str, g["ranks"])) + {"NCCL": "", "the launcher's tag": " (tag)"}.get(
+            g["from"], " (from its GPU in the connections)")
         parts.append(f"GPU {g['device']} rank {who}" if g["device"] is not None and len(p["ranks"]) > 1 else
                      f"rank {who}")
     return "; ".join(parts)
@@ -453,9 +472,10 @@ def render(r: LogReport) -> str:
         procs = [p for p in r.processes if p["host"] == n["host"]]
         shown = procs if len(r.nodes) == 1 or len(procs) <= 8 else procs[:4]  # many nodes: their heads
         for p in shown[:32]:
-            comms = "; ".join(dict.fromkeys(f"rank {c['rank'] if c['rank'] is not None else '?'}/{c['nranks']}"
-                                            + (f" nNodes {c['nnodes']}" if c["nnodes"] else "")
-                                            for c in p["comms"][:4]))
+            own = sorted({x for g in p["ranks"] for x in g["ranks"]})
+            comms = "; ".join(dict.fromkeys(
+                f"rank {c['rank'] if c['rank'] is not None else own[0] if len(own) == 1 else '?'}/{c['nranks']}"
+                + (f" nNodes {c['nnodes']}" if c["nnodes"] else "") for c in p["comms"][:4]))
             if len(p["devices"]) > 1 or not comms:
                 comms = _ranks_text(p) or comms or "no rank in the log"
             devs = ", ".join(map(str, p["devices"])) or "?"
