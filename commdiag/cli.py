@@ -344,10 +344,10 @@ def confirm_cmd(run_dir, rounds, as_json):
 
 
 @main.command("explain", short_help="What NCCL chose: algorithm, protocol, channels, transports.")
-@click.argument("run_dir", required=False, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("run_dir", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--log", "logs", multiple=True, metavar="FILE",
               help="Explain a saved NCCL log (NCCL_DEBUG=INFO) of any process instead of a run: one file per rank "
-                   "or one combined file (repeatable).")
+                   "or one combined file; every file after one --log is a log too (--log logs/*.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--no-run", is_flag=True, help="Only show what an earlier explain stored; launch nothing.")
 def explain_cmd(run_dir, logs, as_json, no_run):
@@ -362,19 +362,26 @@ def explain_cmd(run_dir, logs, as_json, no_run):
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV): version, the NCCL_* values NCCL applied, the transport
     per GPU pair, rings and trees, tuner plugin lines. Nothing is launched."""
     if logs:
-        if run_dir is not None or no_run:
-            raise click.UsageError("--log FILE explains a saved log; do not give a RUN_DIR or --no-run with it")
+        if no_run or any(p.is_dir() for p in run_dir):
+            raise click.UsageError("--log FILE explains a saved log; do not give a RUN_DIR or --no-run with it "
+                                   "(for a folder of logs: --log DIR/*.log)")
         from .nccl import logreport
 
-        rep = logreport.explain_logs(logs)
+        rep = logreport.explain_logs([*logs, *run_dir])  # "--log a.log b.log": the shell's dir/*.log
         if as_json:
             _echo(json.dumps({"format": logreport.LOG_FORMAT, "version": logreport.LOG_VERSION, **rep.to_json()},
                              indent=1))
         else:
             _echo(logreport.render(rep))
         return
-    if run_dir is None:
+    if not run_dir:
         raise click.UsageError("give a RUN_DIR, or --log FILE for a saved NCCL log")
+    if len(run_dir) > 1:
+        raise click.UsageError(f"one RUN_DIR at a time (got {len(run_dir)}); saved NCCL logs go after --log")
+    run_dir = run_dir[0]
+    if not run_dir.is_dir():
+        raise click.UsageError(f"RUN_DIR {run_dir}: " + ("not a folder (a saved NCCL log? --log FILE)"
+                                                       if run_dir.exists() else "no such folder"))
     from .measure import explain as explain_mod
     from .formats import results
 
