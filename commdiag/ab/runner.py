@@ -25,14 +25,13 @@ import os
 import random
 import shutil
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import metadata
+from .. import metadata, procs
 from ..errors import CommdiagError
 from ..formats.spec import launch_order
 from ..measure import launcher, machinestate, runner as engine
@@ -115,12 +114,6 @@ def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: P
     return res
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict,
                sampler: machinestate.Sampler | None = None) -> None:
     """One launch, recorded into ``launch``, with the machine's state around its processes (server,
@@ -138,7 +131,7 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
     uses_port = any("{port}" in a for a in (*spec.command, *(spec.server.command if spec.server else ()),
                                             spec.server.ready_url or "" if spec.server else ""))
     if uses_port:
-        subst["port"] = _free_port()
+        subst["port"] = str(procs.free_port())
     env = {**base_env, **config["env"], launcher.MARKER: marker}
     srv = spec.server
     if srv and srv.require_nccl_proof:
@@ -151,7 +144,8 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
     with sampler.watch(lambda pid: launcher.carries_marker(pid, marker)) as watch:
         try:
             if srv:
-                proc = server.start([presets.substitute(a, subst) for a in srv.command], env, folder / "server.log")
+                proc = server.start([presets.substitute(a, subst) for a in srv.command], env, folder / "server.log",
+                                    cwd=folder)
                 ready_s, why = server.wait_ready(proc, folder / "server.log",
                                                  presets.substitute(srv.ready_url, subst) if srv.ready_url else None,
                                                  srv.ready_log, srv.ready_timeout_s)
@@ -160,7 +154,8 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
                     errors.append(why)
                 for w in range(srv.warmup_runs if not errors else 0):
                     code, timed_out, _ = server.run_command(cmd, env, folder / f"warmup{w}.stdout.txt",
-                                                            folder / f"warmup{w}.stderr.txt", spec.timeout_s)
+                                                            folder / f"warmup{w}.stderr.txt", spec.timeout_s,
+                                                            cwd=folder)
                     if code != 0:
                         errors.append(f"warmup run {w + 1} " + (f"timed out after {spec.timeout_s:g}s" if timed_out
                                                                  else f"exited with code {code}"))
@@ -169,7 +164,7 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
             if not errors:
                 started_wall = time.time()
                 code, timed_out, wall = server.run_command(cmd, env, folder / "stdout.txt", folder / "stderr.txt",
-                                                           spec.timeout_s)
+                                                           spec.timeout_s, cwd=folder)
                 launch["command_s"] = round(wall, 3)
                 launch["exit_code"] = code
                 if timed_out:
@@ -186,7 +181,7 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
                 if stopped.killed:
                     errors.append(f"the server outlived its stop (SIGINT and SIGTERM, {srv.stop_timeout_s:g}s each): "
                                   "killed with SIGKILL")
-            left = server.kill_marked(marker)
+            left = (stopped.survivors if proc is not None else 0) + server.kill_marked(marker)
             if left:
                 launch["killed_survivors"] = left
     launch["machine"] = watch.record()

@@ -483,7 +483,7 @@ def certify_sizes(screening: Screening, values: list[stats.LaunchValue], trial_o
     test over all launches is exposed to position effects inside a trial.  ``trial_of``: stage-1
     launch -> its trial; ``trials``: the trials the run planned (missing ones are counted as left
     out).  The run's 1% is split: half for this family, half for stage 2's band claims
-    (sweep._plan_stage2), so that any false certification in the run stays at or below 1%."""
+    (stages.plan_stage2), so that any false certification in the run stays at or below 1%."""
     mode = screening.primary_mode
     values = [v for v in values if v.stage == 1 and v.mode == mode]
     by: dict[int, dict[str, dict[int, float]]] = {}

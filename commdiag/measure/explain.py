@@ -32,6 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
+from .. import procs
 from . import launcher, runner
 from .launcher import Progress
 from ..nccl import ncclog, transports, tunerlog
@@ -135,6 +136,26 @@ def stored(run_dir, run: dict) -> dict:
     return data
 
 
+# As root, never passed from a run.json into what explain starts: what the loader and the interpreter
+# read at start (a library of the user's, run as root, before any commdiag code).
+ROOT_REFUSED_PREFIXES = ("LD_", "PYTHON")
+
+
+def refuse_start_variables(run_dir, run: dict) -> None:
+    """As root, one error for a config of run.json that sets a loader or interpreter variable."""
+    import os
+
+    if os.geteuid() != 0:
+        return
+    for c in run["configs"]:
+        bad = sorted(k for k in c["env"] if k.startswith(ROOT_REFUSED_PREFIXES))
+        if bad:
+            raise CommdiagError(f"{Path(run_dir) / 'run.json'}: config {c['name']!r} sets {', '.join(bad)}; as root, "
+                                "explain never starts a launch with a loader or interpreter variable taken from "
+                                "a run folder (allowed: NCCL and other settings); run explain as the user who "
+                                "made the run")
+
+
 # What an explain launch keeps when Ctrl-C sends it back to pending (runner.py).
 LAUNCH_KEYS = ("index", "config", "marker")
 
@@ -155,6 +176,7 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None,
         run = folder.run
         spec = Spec.from_json(run["spec"])
         require_nccl(run_dir, spec.backend)
+        refuse_start_variables(run_dir, run)
         configs = run["configs"]
         launches = run.get("explain_launches")
         if not (isinstance(launches, list) and len(launches) == len(configs)
@@ -192,7 +214,7 @@ def _one_launch(folder: runner.Folder, spec: Spec, base_env: dict, launch: dict,
     plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0, "iters": 0,
             "batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
             "out_dir": str(out.resolve()), "config": config["name"], "nccl_debug_file": None}
-    marker = launcher.new_marker()
+    marker = procs.new_marker()
     folder.mark([launch], marker)  # in run.json before anything starts: a later command reaps what it leaves
     outcome, _ = launcher.launch_worker(
         out, plan, base_env=base_env, config_env=config["env"], extra_env=debug,

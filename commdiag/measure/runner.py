@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .. import __version__
+from .. import __version__, procs
 from ..errors import CommdiagError
 from ..formats.results import OK, PENDING  # the launch statuses every kind shares (ab/runfile.py: the same)
 from . import launcher, machinestate, runlock
@@ -142,7 +142,7 @@ class Folder:
                     launches: list[dict] | None = None) -> bool:
         """Run every pending launch of ``launches`` (default run.json's) in order, ``batches`` of them per
         ``one`` call; True when interrupted (the batch in flight is pending again, keeping only ``keys``)."""
-        launcher.take_back_sigint()  # resumable after Ctrl-C, however the command was started
+        procs.take_back_sigint()  # resumable after Ctrl-C, however the command was started
         pending = self.pending(launches)
         walls: list[float] = []
         done = 0
@@ -152,7 +152,7 @@ class Folder:
             except KeyboardInterrupt:  # the kind ended its processes; its launches have no result
                 for launch in batch:
                     if launch.get("marker"):  # whatever it had started ends with it (Ctrl-C mid-start)
-                        launcher.kill_marked(launch["marker"])
+                        procs.kill_marked(launch["marker"])
                     for key in list(launch):
                         if key not in keys:
                             launch.pop(key)
