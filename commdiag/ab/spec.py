@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import readfile
 from ..analyse import paired, stats
 from ..errors import SpecError, brief
 from ..formats import spec as sweepspec
@@ -117,9 +118,9 @@ def rounds_needed(claims: int) -> int:
 def load(path: str | Path, overrides=()) -> AbSpec:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = readfile.read_text(path, sweepspec.SPEC_LIMIT, what="spec")
     except OSError as e:
-        raise SpecError(path, "(file)", f"cannot read: {e.strerror}") from None
+        raise SpecError(path, "(file)", f"cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise SpecError(path, "(file)", f"not UTF-8 text (byte {e.start} cannot be decoded)") from None
     raw = sweepspec.parse_yaml(text, path)

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, readfile
 from . import hookplan, hookstate, hooktext, hooktuner, systemd
 from ..nccl import ncclvars
 from ..formats import profile as profile_mod
@@ -63,7 +63,7 @@ class Settings:
 def _no_winner_reason(run_dir: Path) -> str:
     """Why a run folder has no profile.env, from what the run folder says."""
     try:
-        run = json.loads((run_dir / "run.json").read_text())
+        run = json.loads(readfile.read_text(run_dir / "run.json", what="run folder"))
     except (OSError, ValueError):
         return f"{run_dir} has no profile.env and no readable run.json (is it a commdiag run folder?)"
     verdict = run.get("verdicts", run.get("verdict"))

@@ -19,6 +19,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .. import readfile
 from ..errors import CommdiagError, brief
 
 P2P_FORMAT = "commdiag-p2p"
@@ -275,7 +276,7 @@ def from_json(data: dict, source: str = "result") -> P2PResult:
 
 def load(path: str | Path) -> P2PResult:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(readfile.read_text(path, 64 << 20, what="p2p result"))
     except (OSError, ValueError) as e:
         raise CommdiagError(f"{path}: cannot read a p2p result: {e}") from None
     return from_json(data, str(path))

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import readfile
 from ..errors import CommdiagError
 
 # Format history (the version is the number after the header; the plugin refuses any other):
@@ -171,12 +172,8 @@ def parse_bytes(data: bytes, path: str = "<rules>") -> list[Rule]:
 
 def load(path: str | Path) -> list[Rule]:
     """The rules in the file at ``path`` (a regular file, at most 1 MiB)."""
-    p = Path(path)
     try:
-        if not p.is_file():
-            raise RulesError(path, 0, "not a regular file" if p.exists() else "cannot open: No such file or directory")
-        with open(p, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        data = readfile.read_bytes(path, MAX_FILE_BYTES + 1, what="rules file")
     except OSError as e:
         raise RulesError(path, 0, f"cannot open: {e.strerror or e}") from None
     return parse_bytes(data, str(path))
