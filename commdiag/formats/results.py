@@ -148,7 +148,23 @@ def _check_shape(run: dict, path: Path) -> None:
             raise bad(f"configs[{i}]", "not {name: string, env: mapping}")
         if _CONTROL.search(c["name"]):  # a spec never allows it; printed to terminals and reports
             raise bad(f"configs[{i}].name", f"{brief(c['name'])} contains control characters")
+        ov = c.get("overrides")
+        if ov is not None and (not isinstance(ov, dict) or not all(
+                isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                for k, v in ov.items())):
+            raise bad(f"configs[{i}].overrides", "not a mapping of variable names to values")
         names.add(c["name"])
+    bands = spec.get("bands")
+    if bands is not None:
+        if not isinstance(bands, dict):
+            raise bad("spec.bands", "not a mapping of band names to [low, high] token counts")
+        for name, b in bands.items():
+            if (not isinstance(b, list) or len(b) != 2 or not _int(b[0], 0)
+                    or not (b[1] is None or _int(b[1], 0))):
+                raise bad(f"spec.bands.{brief(name)}", "not [low, high] (integers; high may be null)")
+    warnings = run.get("warnings")
+    if warnings is not None and (not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings)):
+        raise bad("warnings", "not a list of strings")
     if not isinstance(launches, list):
         raise bad("launches", "not a list")
     statuses = (PENDING, *FINAL_STATUSES)

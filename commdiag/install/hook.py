@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import __version__, readfile
-from . import hookplan, hookstate, hooktext, hooktuner, systemd
+from . import allowlist, hookplan, hookstate, hooktext, hooktuner, systemd
 from ..nccl import ncclvars
 from ..formats import profile as profile_mod
 from ..environment import trust
@@ -339,6 +339,7 @@ class InstallResult:
     diff: str  # the plan rendered: new files' content, diffs of edited ones
     verification: tuple[Verification, ...] = ()
     warnings: tuple[str, ...] = ()
+    named_files: tuple[str, ...] = ()  # settings whose value names a file NCCL loads, reads or writes (shown first)
 
     @property
     def ok(self) -> bool:
@@ -351,7 +352,7 @@ class InstallResult:
                              "after": c.after.kind, "sha256": c.after.sha256} for c in self.plan.changes],
                 "mkdirs": list(self.plan.mkdirs), "rmdirs": list(self.plan.rmdirs),
                 "notes": list(self.plan.notes), "warnings": list(self.warnings) + list(self.plan.warnings),
-                "refused": list(self.plan.refused),
+                "refused": list(self.plan.refused), "named_files": list(self.named_files),
                 "commands": list(self.plan.commands),
                 "verification": [{"ok": v.ok, "detail": v.detail, "seen": v.seen} for v in self.verification]}
 
@@ -486,11 +487,15 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
     roots = Roots(req.root)
     if req.method not in METHODS:
         raise CommdiagError(f"--method: {req.method!r} is not one of {', '.join(METHODS)}")
+    # the one install rule (allowlist.py): names NCCL reads, files root owns, no dump files system-wide
+    allowlist.check(req.settings.values, system_wide=bool(req.systemd_unit) or req.nccl_conf == "system",
+                    root=req.root, own=req.tuner.env() if req.tuner is not None else None)
+    files = tuple(allowlist.named_files(req.settings.values))
     hooks = probe_target(req.python, allow_user_owned=req.allow_user_owned) if req.method != "none" else None
     sdir = hookstate.state_dir(roots)
     if dry_run:
         targets, plan = _plan(req, roots, hooks, sdir)
-        return InstallResult(plan, True, sdir, render_plan(plan), warnings=req.settings.warnings)
+        return InstallResult(plan, True, sdir, render_plan(plan), warnings=req.settings.warnings, named_files=files)
     with hookstate.locked(sdir, roots) as state_created:
         committed = Plan("install", (), (), (), (), ())  # on any error: no record (apply rolled back)
         try:
@@ -509,7 +514,7 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
         else:
             checks.append(verify_python(hooks.executable, req.settings.values, override=req.override,
                                         run_as=hooks.run_as))
-    return InstallResult(plan, False, sdir, render_plan(plan), tuple(checks), req.settings.warnings)
+    return InstallResult(plan, False, sdir, render_plan(plan), tuple(checks), req.settings.warnings, files)
 
 
 def _with_dir_ids(plan: Plan, ids: dict[str, list[int]]) -> Plan:
@@ -597,6 +602,7 @@ def render_install(res: InstallResult) -> str:
     head = {("install", True): "plan (dry run: nothing changed)", ("install", False): "installed",
             ("uninstall", True): "uninstall plan (dry run: nothing changed)", ("uninstall", False): "uninstalled"}
     lines = [f"{head[(res.plan.action, res.dry_run)]}; manifest: {res.state_dir}"]
+    lines += [f"  names a file: {f}" for f in res.named_files]  # first: what every NCCL process will open
     lines += [f"  why: {n}" for n in res.plan.notes]
     lines += [f"  warning: {w}" for w in (*res.warnings, *res.plan.warnings)]
     for w in res.plan.refused:  # wrapped at 100 columns, word by word (a path is never split)
