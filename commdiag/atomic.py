@@ -106,6 +106,11 @@ def _trusted_links(folder: str) -> str:
         raise CommdiagError(f"{folder}: cannot write here: {e.strerror or e}") from None
 
 
+def real_path(path: str | Path) -> str:
+    """``path`` absolute, its links resolved (``safedir.real_path``; what does not exist kept as named)."""
+    return safedir.real_path(posixpath.normpath(os.path.abspath(str(path))))
+
+
 @contextlib.contextmanager
 def folder_fd(folder: str | Path):
     """A descriptor of the existing folder ``folder``, reached from ``/`` without following a link

@@ -23,7 +23,6 @@ import hashlib
 import os
 import posixpath
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,7 +103,7 @@ def read_rules(path: str | Path) -> tuple[bytes, int, str]:
     try:
         data = readfile.read_bytes(p, rules.MAX_FILE_BYTES + 1, what="rules file")
     except OSError as e:
-        raise rules.RulesError(str(p), 0, f"cannot read: {e.strerror or e}") from None
+        raise rules.RulesError(str(p), 0, rules.read_error(e)) from None
     return data, len(rules.parse_bytes(data, str(p))), str(p.resolve())
 
 
@@ -113,9 +112,8 @@ def compile_library(cc: str | None = None) -> tuple[bytes, str]:
     compiler (``cc``: ``--cc``; otherwise build.find_compiler's choice, a fixed one as root)."""
     from ..tuner import build
 
-    with tempfile.TemporaryDirectory(prefix="commdiag-tuner-") as tmp:
-        res = build.build_result(tmp, cc=cc)
-        return res.library.read_bytes(), res.compiler
+    data, compiler, _ = build.compile_bytes(cc=cc)
+    return data, " ".join(compiler)
 
 
 def prepare(path: str | Path, state_dir_shown: str, cc: str | None = None) -> TunerFiles:
