@@ -42,7 +42,7 @@ from . import allowlist, hookplan, hookstate, hooktext, hooktuner, systemd
 from ..nccl import ncclvars
 from ..formats import profile as profile_mod
 from ..environment import trust
-from ..errors import CommdiagError
+from ..errors import CommdiagError, one_line
 from .hookcheck import Verification, probe_target, render_status, status, verify_python  # noqa: F401 (the API)
 from .hookplan import BLOCK, OWNED, Desired, Plan, Target
 from .hookstate import Roots
@@ -67,7 +67,7 @@ def _no_winner_reason(run_dir: Path) -> str:
     except (OSError, ValueError):
         return f"{run_dir} has no profile.env and no readable run.json (is it a commdiag run folder?)"
     verdict = run.get("verdicts", run.get("verdict"))
-    bands = sorted(p.name for p in run_dir.glob("profile-*.env"))
+    bands = sorted(one_line(p.name) for p in run_dir.glob("profile-*.env"))  # names another user chose
     why = "the sweep certified no winner (keep NCCL's defaults)"
     if not run.get("confirmation"):  # no stage 2: screening alone never makes a profile
         why = (f"the run has no confirmation (stage 2), and screening alone never makes a profile: "
@@ -75,9 +75,9 @@ def _no_winner_reason(run_dir: Path) -> str:
     if isinstance(verdict, dict):
         parts = [f"{k}: {v}" for k, v in verdict.items() if isinstance(v, (str, int, float)) or v is None]
         if parts:
-            why = "run.json verdicts: " + "; ".join(parts)
+            why = "run.json verdicts: " + one_line("; ".join(parts))  # the file's text: one inert line
     elif isinstance(verdict, (str, list)):
-        why = f"run.json verdicts: {verdict}"
+        why = f"run.json verdicts: {one_line(verdict)}"
     if bands:
         why += ("; per-band winners exist (" + ", ".join(bands) + ") but no single profile helps every band: "
                 f"choose one with --profile {run_dir / bands[0]}")

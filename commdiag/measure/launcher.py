@@ -96,7 +96,9 @@ def run(argv: list[str], env: dict[str, str], log_path: Path, deadline_s: float)
     """Run ``argv`` to completion or to its deadline; no process of it survives."""
     marker = env[MARKER]
     t0 = time.monotonic()
-    with open(log_path, "wb") as log:
+    # a new file, never through a link (a 0600 file of root's is not truncated by a planted link)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         timed_out = interrupted = False

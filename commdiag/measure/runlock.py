@@ -80,7 +80,7 @@ def hold(run_dir: str | Path):
         os.close(fd)
 
 
-def check_folder(run_dir: Path) -> None:
+def check_folder(run_dir: Path, inside: tuple[str, ...] = ("launches",)) -> None:
     """As root, refuse a run folder another user can change: every launch is written below it
     (``launches/NNNN/``, a leftover one removed first), so a ``launches`` link planted by the folder's
     owner, or the folder swapped for a link by whoever can write its parent, would have root remove
@@ -90,7 +90,7 @@ def check_folder(run_dir: Path) -> None:
         return  # a user's run folder is theirs to point anywhere they can write themselves
     from .. import ownership
 
-    f = ownership.first_finding(str(run_dir), str(run_dir / "launches"))
+    f = ownership.first_finding(str(run_dir), *(str(Path(run_dir) / name) for name in inside))
     if f is not None:
         raise CommdiagError(f"{run_dir}: as root, commdiag writes a run's launches only into a folder no other "
                             f"user can change, and {f.path} is {f.why}; give a run folder root owns (or run "
