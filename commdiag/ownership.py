@@ -97,10 +97,13 @@ def inspect(path: str, st: os.stat_result) -> Finding | None:
     sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
     if st.st_mode & stat.S_IWOTH and not sticky:
         return Finding(path, 0, st.st_gid, f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
+    acl = None if sticky else _acl_finding(path, st)  # before the group bits: with an ACL they are its mask
+    if acl is not None:
+        return acl
     if st.st_mode & stat.S_IWGRP and not sticky:
         return Finding(path, 0, st.st_gid, f"writable by group {st.st_gid} ({group_name(st.st_gid)})"
                        + (" or by a POSIX ACL entry (mode bits g+w)" if st.st_gid == 0 else ""))
-    return _acl_finding(path, st)
+    return None
 
 
 class Walker:

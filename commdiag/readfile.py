@@ -67,13 +67,13 @@ def check_others(path: str | Path, what: str = "file") -> None:
 def read_bytes(path: str | Path, limit: int = LIMIT, *, what: str = "file", check_owner: bool = True) -> bytes:
     """The bytes of regular file ``path`` (FileNotFoundError as open() raises it; Refused).
     ``check_owner=False`` only for a file whose content grants nothing (check_env's expectation)."""
-    if check_owner:
-        check_others(path, what)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without a writer
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Refused(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder): not read")
+        if check_owner:
+            check_others(path, what)
         data = bytearray()
         while len(data) <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - len(data)))

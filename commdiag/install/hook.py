@@ -100,7 +100,7 @@ def resolve_settings(from_dir: str | None = None, profile: str | None = None, se
     if from_dir is not None:
         run_dir = Path(from_dir)
         path = run_dir / "profile.env"
-        if path.is_file():
+        if os.path.lexists(path):  # a FIFO or a link there is the reader's to refuse, not "no winner"
             values.update(profile_mod.load(path).settings)
             sources.append(str(path))
         else:
