@@ -257,7 +257,7 @@ def _check(cls, d, where: str) -> None:
         if not ok or (base == "float" and value != value):  # NaN never comes from a measurement
             allowed = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
                        "dict": "a mapping"}[base] + (" or null" if none == "None" else "")
-            raise ValueError(f"{where}.{name}: {brief(value)} is not {allowed}")
+            raise ValueError(f"{where + '.' if where else ''}{name}: {brief(value)} is not {allowed}")
 
 
 def _list(data: dict, key: str) -> list:
@@ -290,7 +290,7 @@ def from_json(data: dict, source: str = "result") -> P2PResult:
         raise CommdiagError(f"{source}: version: {brief(version)} is not one this commdiag reads "
                             f"(allowed: 1 to {P2P_FORMAT_VERSION}; a newer file needs a newer commdiag)")
     try:
-        _check(P2PResult, data, "(top level)")
+        _check(P2PResult, data, "")
         flags = _list(data, "flags")
         for i, f in enumerate(flags):
             _check(Flag, f, f"flags[{i}]")
