@@ -138,7 +138,9 @@ def decide(findings: list[Finding], exe: str, allow: bool) -> RunAs | None:
         except KeyError:
             gid = first.gid
     else:
-        uid, gid = NOBODY, first.gid if first.why.startswith("writable by group") else NOBODY
+        # the group that can write, never root's own (a g+w gid 0 path, an ACL grant: nobody's group)
+        group = first.why.startswith("writable by group") and "ACL" not in first.why and first.gid != 0
+        uid, gid = NOBODY, first.gid if group else NOBODY
     return RunAs(uid, gid, f"{first.path} is {first.why}")
 
 
