@@ -179,6 +179,8 @@ def remove_tree(folder: str | Path) -> None:
     """Remove ``folder`` and everything in it, relative to its parent's descriptor: a link there (or
     anywhere inside) is removed as a link, never followed.  Absent: nothing to do."""
     folder = Path(os.path.abspath(str(folder)))
+    if not os.path.lexists(folder):
+        return  # (its parent may not exist yet either); what is there is removed below, by descriptor
     with folder_fd(folder.parent) as dfd:
         st = safedir.lstat_in(dfd, folder.name)
         if st is None:
