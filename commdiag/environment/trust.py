@@ -31,7 +31,7 @@ import pwd
 import shutil
 from dataclasses import dataclass
 
-from .. import ownership
+from .. import ownership, readfile
 from ..errors import CommdiagError
 from ..ownership import Finding
 
@@ -61,14 +61,14 @@ def _venv_cfg(exe: str) -> str | None:
 
 
 def _home(cfg: str) -> str | None:
-    try:
-        with open(cfg, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition("=")
-                if sep and key.strip().lower() == "home":
-                    return value.strip()
+    try:  # the one reader (a FIFO planted as pyvenv.cfg never hangs root); its owner is this module's finding
+        text = readfile.read_bytes(cfg, 1 << 20, check_owner=False).decode("utf-8", "replace")
     except OSError:
-        pass
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip().lower() == "home":
+            return value.strip()
     return None
 
 
