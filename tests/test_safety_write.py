@@ -98,7 +98,7 @@ def test_tuner_build_as_root_neither_builds_in_her_folder_nor_loads_by_a_path(st
     from commdiag.tuner import build
 
     seen = {}
-    real_run, real_symbols = build.subprocess.run, build.exported_symbols
+    real_run, real_symbols = build.procs.run, build.exported_symbols
 
     def run(argv, **kw):
         if "-o" not in argv:  # as_user's runuser
@@ -109,7 +109,7 @@ def test_tuner_build_as_root_neither_builds_in_her_folder_nor_loads_by_a_path(st
         seen["she_writes"] = as_user(name, "touch", str(out.parent / "evil.so")).returncode == 0
         return real_run(argv, **kw)
 
-    monkeypatch.setattr(build.subprocess, "run", run)
+    monkeypatch.setattr(build.procs, "run", run)
     monkeypatch.setattr(build, "exported_symbols", lambda p: (seen.setdefault("loaded", str(p)), real_symbols(p))[1])
     lib = build.build(stage / "ours")
     assert seen["private"] == (0, 0o700) and not seen["she_writes"], seen

@@ -25,11 +25,11 @@ import os
 import shlex
 import shutil
 import stat
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import procs
 from ..errors import CommdiagError, terminal_safe
 
 LIBRARY_NAME = "libnccl-tuner-commdiag.so"
@@ -141,18 +141,10 @@ def build_result(out_dir: str | Path | None = None, werror: bool = False, cc: st
 
 
 def _private_folder() -> str:
-    """A new 0700 folder for the compiler's output.  As root, in a temporary folder no other user can
-    change (``sudo -E`` may bring a user's TMPDIR: she could swap the folder between link and load)."""
-    from .. import ownership
-
-    base = tempfile.gettempdir()
-    if _as_root():
-        found = ownership.first_finding(base)
-        if found is not None:
-            raise CommdiagError(f"{base}: as root, commdiag compiles only in a temporary folder no other user "
-                                f"can change, and {found.path} is {found.why}; unset TMPDIR or set it to a "
-                                "folder root owns")
-    return tempfile.mkdtemp(prefix="commdiag-tuner-", dir=base)
+    """A new 0700 folder for the compiler's output (and its working folder), where procs keeps
+    scratch folders: as root never under a TMPDIR another user can change (she could swap the folder
+    between link and load)."""
+    return tempfile.mkdtemp(prefix="commdiag-tuner-", dir=procs.scratch_root())
 
 
 def compile_bytes(werror: bool = False, cc: str | None = None) -> tuple[bytes, list[str], tuple[str, ...]]:
@@ -170,16 +162,15 @@ def compile_bytes(werror: bool = False, cc: str | None = None) -> tuple[bytes, l
     try:
         out = os.path.join(folder, LIBRARY_NAME)
         argv = [*compiler, *CFLAGS, *(("-Werror",) if werror else ()), "-o", out, str(SOURCE)]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, env=compiler_env(), cwd=folder)
-        except subprocess.TimeoutExpired:
-            raise CommdiagError(f"{compiler[0]}: no result after {COMPILE_TIMEOUT_S} s compiling {SOURCE}") from None
+        try:  # procs: the compiler's whole group (cc1, as, ld) ends at the deadline, not cc alone
+            proc = procs.run(argv, env=compiler_env(), cwd=folder, deadline_s=COMPILE_TIMEOUT_S)
         except OSError as e:
             raise CommdiagError(f"{compiler[0]}: cannot run: {e.strerror or e}") from None
-        if proc.returncode != 0:
-            detail = terminal_safe((proc.stderr or proc.stdout).strip())[-2000:]
-            raise CommdiagError(f"{compiler[0]} failed (exit {proc.returncode}) compiling {SOURCE}:\n{detail}")
+        if proc.timed_out:
+            raise CommdiagError(f"{compiler[0]}: no result after {COMPILE_TIMEOUT_S} s compiling {SOURCE}")
+        if proc.exit_code != 0:
+            detail = terminal_safe((proc.stderr or proc.stdout).decode(errors="replace").strip())[-2000:]
+            raise CommdiagError(f"{compiler[0]} failed (exit {proc.exit_code}) compiling {SOURCE}:\n{detail}")
         try:
             fd = os.open(out, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
