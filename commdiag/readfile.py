@@ -59,9 +59,9 @@ def check_others(path: str | Path, what: str = "file") -> None:
     f = ownership.first_finding(str(path))
     if f is not None:
         raise Refused(errno.EPERM, f"as root, commdiag reads a {what} only where no other user can change it, "
-                                   f"and {f.path} is {f.why}: copy it to a folder root owns, or give {OPTION} "
-                                   "(its owner then chooses what root reads, and can change it while commdiag "
-                                   "works)")
+                                   f"and {f.path} is {f.why}: copy it to a folder root owns, or run commdiag "
+                                   f"{OPTION} COMMAND ... (its owner then chooses what root reads, and can change "
+                                   "it while commdiag works)")
 
 
 def read_bytes(path: str | Path, limit: int = LIMIT, *, what: str = "file", check_owner: bool = True) -> bytes:
