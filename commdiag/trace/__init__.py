@@ -72,5 +72,12 @@ def analyse_paths(paths, step: str | None = None, sweep: str | Path | None = Non
 
         from . import savings
 
-        rep = replace(rep, sweep=str(sweep), savings=tuple(savings.savings(rep, sweep_data)))
+        notes = rep.notes
+        out = savings.outside(rep, sweep_data)
+        if out:
+            notes += (f"all-reduce sizes the sweep did not measure in any band: "
+                      f"{', '.join(str(b) + ' B' for b in out)}; sweep them to know",)
+        if sweep_data.status != "confirmed":
+            notes += (f"{sweep}: {sweep_data.status}: only a confirmed (stage 2) winner is certified",)
+        rep = replace(rep, sweep=str(sweep), savings=tuple(savings.savings(rep, sweep_data)), notes=notes)
     return rep

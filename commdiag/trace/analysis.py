@@ -291,10 +291,9 @@ def headline(t: dict, v: str, ranks: list[RankTrace]) -> str:
     if v == COMM_BOUND:
         sizes = sorted({(s.collective, s.bytes, s.algorithm, s.protocol) for r in ranks for s in r.sizes},
                        key=lambda s: -1 if s[1] is None else s[1])
-        chose = ", ".join(f"{c} {_bytes(b)} {a}/{p}" for c, b, a, p in sizes[:3]) + (" ..." if len(sizes) > 3 else "")
-        return (f"{comm}; {host}: communication is where the time is (NCCL chose {chose}); "
-                "commdiag sweep at these sizes says whether a setting is faster, and the straggler lines "
-                "whether a rank is waiting for another")
+        chose = ", ".join(f"{c} {a}/{p}" if b is None else f"{c} {_bytes(b)} {a}/{p}" for c, b, a, p in sizes[:3]) + (" ..." if len(sizes) > 3 else "")
+        return (f"{comm} (NCCL chose {chose}); {host}: communication is where the time is; the stragglers say "
+                "whether a rank waits for another, commdiag sweep at these sizes whether a setting is faster")
     if v == COMPUTE_BOUND:
         return f"{comm}; compute kernels are {_pct(t['compute'])}: the kernels themselves, not NCCL settings, are where the time is"
     if v == MEMORY_BOUND:

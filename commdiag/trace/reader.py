@@ -83,6 +83,7 @@ class _Text:
     def __init__(self, stream, path: str):
         self.stream, self.path = stream, path
         self.buf, self.pos, self.eof = "", 0, False
+        self.dropped = 0  # characters consumed and dropped from the window (for error positions)
 
     def more(self) -> bool:
         """Read one more chunk (dropping what is consumed); False at the end of the file."""
@@ -100,6 +101,7 @@ class _Text:
         if not chunk:
             self.eof = True
             return False
+        self.dropped += self.pos
         self.buf = self.buf[self.pos:] + chunk
         self.pos = 0
         return True
@@ -135,7 +137,8 @@ class _Text:
                     raise self.bad(f"a value longer than {limit >> 20} MiB") from None
                 if self.more():
                     continue
-                raise self.bad(f"{e.msg}" if e.pos < len(self.buf) else "the file ends inside a value (truncated)") from None
+                cut = e.msg.startswith("Unterminated") or e.pos >= len(self.buf.rstrip()) - 1
+                raise self.bad("the file ends inside a value (truncated)" if cut else e.msg, e.pos) from None
             except RecursionError:
                 raise self.bad("nested too deeply") from None
             if end == len(self.buf) and not self.eof and isinstance(v, (int, float)):
@@ -144,9 +147,9 @@ class _Text:
             self.pos = end
             return v
 
-    def bad(self, why: str) -> CommdiagError:
-        return CommdiagError(f"{self.path}: not a Chrome trace JSON file: {why} (near character "
-                             f"{self.pos} of the current window)")
+    def bad(self, why: str, at: int | None = None) -> CommdiagError:
+        where = self.dropped + (self.pos if at is None else at)
+        return CommdiagError(f"{self.path}: not a Chrome trace JSON file: {why} (at character {where})")
 
 
 def _open_text(path: str):
