@@ -64,7 +64,7 @@ def timeline(rank) -> dict:
                 y.append(report.plot_text(label))
                 text.append(report.plot_text(f"{label}: {part} {e - s:.1f} us at {(s - st.start_us) / 1000:.3f} ms"))
         data.append({"type": "bar", "orientation": "h", "name": part, "base": base, "x": x, "y": y,
-                     "customdata": text, "marker": {"color": colour}, "hovertemplate": "%{customdata}<extra></extra>"})
+                     "customdata": text, "marker": {"color": colour, "line": {"width": 0}}, "hovertemplate": "%{customdata}<extra></extra>"})
     more = f" (the first {len(steps)} of {len(rank.steps)} steps)" if len(rank.steps) > len(steps) else ""
     layout = {"barmode": "overlay", "height": 140 + 38 * len(steps), "bargap": 0.25,
               "xaxis": {"title": {"text": "ms since the step's first GPU activity"}},
