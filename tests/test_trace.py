@@ -160,6 +160,17 @@ def test_a_graph_trace_without_step_annotations_gives_one_step_per_replay(tmp_pa
     assert [s.name for s in r.steps] == ["forward 2"]
 
 
+def test_profiler_steps_win_over_other_annotations_and_a_bad_step_pattern_is_refused(tmp_path):
+    path = kineto_synth.write(tmp_path / "t.json", "eager", world_size=1)
+    t = reader.read(path)
+    # a server's own numbered annotation around each step too: ProfilerStep#N still sets the steps
+    t.cpu_annotations += [(f"decode {i}", a[1], a[2], a[3], a[4]) for i, a in enumerate(t.cpu_annotations)]
+    assert analysis.rank_trace(t, 0).step_source.startswith("ProfilerStep#N")
+    assert [s.name for s in analysis.rank_trace(t, 0, step="^decode").steps] == ["decode 0", "decode 1", "decode 2"]
+    with pytest.raises(CommdiagError, match=r"--step: '\(' is not a regular expression"):
+        analyse_paths([path], step="(")
+
+
 def _bad(tmp_path, name: str, data: bytes) -> Path:
     p = tmp_path / name
     p.write_bytes(data)

@@ -280,7 +280,8 @@ class _Keeper:
                 self.t.graph_launches.append((ts, dur, corr))
         elif cat == "gpu_user_annotation":
             self.t.gpu_annotations.append((str(ev.get("name", "")), ts, dur, ev.get("tid")))
-        elif cat == "user_annotation":
+        elif cat == "user_annotation" or (cat == "cpu_op" and str(ev.get("name", "")).startswith("ProfilerStep#")):
+            # older Kineto writes torch.profiler's ProfilerStep#N as a cpu_op
             self.t.cpu_annotations.append((str(ev.get("name", "")), ts, dur, ev.get("pid"), ev.get("tid")))
         elif cat == "cpu_op" and ev.get("name") == COMMS_OP:
             self.t.comms.append((ts, dur, ev.get("tid"), args.get("External id"), args.get("Collective name"),
