@@ -87,26 +87,25 @@ def find_steps(trace: Trace, step: str | None = None) -> tuple[str, list[tuple[s
 
 def split(trace: Trace, start: float, end: float) -> tuple[Split, tuple]:
     """The time split of [start, end] on this rank's GPU, and its segments (start, end, part)."""
-    gpu, names = trace.gpu, trace.names
+    gpu = trace.gpu
     parts: dict[str, list] = {"compute": [], "comm": [], "memory": []}
     per_coll: dict[str, list] = defaultdict(list)
     starts: dict[float, int] = {}
     count = 0
+    kinds = _kinds(trace)
     for i in _in_window(trace, start, end):
         ts, dur, _stream, cat, name_i, corr, _ext = gpu[i]
         s, e = max(ts, start), min(ts + dur, end)
         if e <= s and not (dur == 0 and start <= ts <= end):
             continue
         count += 1
-        name = names[name_i]
-        k = kernels.kind(name, cat)
+        k, coll = kinds[(name_i, cat)]
         if k == kernels.COMPUTE:
             parts["compute"].append((s, e))
         elif k == kernels.MEMORY:
             parts["memory"].append((s, e))
         else:
             parts["comm"].append((s, e))
-            coll = kernels.parse_nccl(name).collective if k == kernels.NCCL else "custom all-reduce"
             per_coll[coll].append((s, e))
         # of several kernels starting at once, the one launched first says whether anything was queued
         if ts >= start and (ts not in starts or _launch(trace, corr) < _launch(trace, gpu[starts[ts]][5])):
@@ -131,6 +130,22 @@ def split(trace: Trace, start: float, end: float) -> tuple[Split, tuple]:
                comm_overlapped_us=intervals.overlap(comm, compute), host_idle_us=host, kernels=count,
                by_collective=by_coll)
     return sp, _segments(compute, comm, memory, idle_gaps)
+
+
+def _kinds(trace: Trace) -> dict:
+    """(name index, category) -> (kernels.kind, collective): each distinct kernel name classified once."""
+    cached = getattr(trace, "_kinds_cache", None)
+    if cached is None:
+        cached = {}
+        for g in trace.gpu:
+            key = (g[4], g[3])
+            if key not in cached:
+                k = kernels.kind(trace.names[g[4]], g[3])
+                coll = (kernels.parse_nccl(trace.names[g[4]]).collective if k == kernels.NCCL
+                        else "custom all-reduce" if k == kernels.CUSTOM_COMM else None)
+                cached[key] = (k, coll)
+        trace._kinds_cache = cached
+    return cached
 
 
 def _launch(trace: Trace, corr) -> float:
@@ -163,10 +178,8 @@ def _segments(compute, comm, memory, idle) -> tuple:
     """The window as disjoint (start, end, part) runs in the split's precedence: compute, then NCCL, then
     memory, then idle (what the timeline picture draws)."""
     out = [(s, e, "compute") for s, e in compute]
-    for part, u, above in (("communication", comm, compute), ("memory", memory, intervals.union(compute + comm))):
-        for s, e in u:
-            for gs, ge in intervals.gaps(above, s, e):
-                out.append((gs, ge, part))
+    out += [(s, e, "communication") for s, e in intervals.difference(comm, compute)]
+    out += [(s, e, "memory") for s, e in intervals.difference(memory, intervals.union(compute + comm))]
     out += [(s, e, "idle") for s, e in idle]
     return tuple(sorted(out))
 

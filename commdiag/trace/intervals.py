@@ -43,6 +43,23 @@ def minus(a, b) -> float:
     return length(a) - overlap(a, b)
 
 
+def difference(a, b) -> list[tuple[float, float]]:
+    """The union ``a`` less the union ``b``, as a union (one pass over both)."""
+    out, j = [], 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k, t = j, s
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > t:
+                out.append((t, b[k][0]))
+            t = max(t, b[k][1])
+            k += 1
+        if t < e:
+            out.append((t, e))
+    return out
+
+
 def gaps(u, start: float, end: float) -> list[tuple[float, float]]:
     """The parts of [start, end] that ``u`` does not cover."""
     out, t = [], start
