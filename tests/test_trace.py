@@ -258,3 +258,19 @@ def test_html_page_draws_the_split_and_one_timeline_per_rank(tmp_path):
     dom, console = render(html)
     assert_drawn(dom, console, 3)  # the split, the timelines of rank 0 and rank 1
     assert 'id="timeline-rank0"' in dom and 'id="timeline-rank1"' in dom
+
+
+def test_interval_difference_and_gaps_against_a_brute_force_count():
+    import random
+
+    from commdiag.trace import intervals
+
+    rng = random.Random(3)
+    for _ in range(200):
+        a = intervals.union((x, x + rng.randint(0, 6)) for x in (rng.randint(0, 40) for _ in range(6)))
+        b = intervals.union((x, x + rng.randint(0, 6)) for x in (rng.randint(0, 40) for _ in range(6)))
+        cover = lambda u, t: any(s <= t < e for s, e in u)  # noqa: E731
+        ticks = [t + 0.5 for t in range(-1, 50)]
+        assert intervals.length(intervals.difference(a, b)) == sum(cover(a, t) and not cover(b, t) for t in ticks)
+        assert intervals.overlap(a, b) == sum(cover(a, t) and cover(b, t) for t in ticks)
+        assert intervals.length(intervals.gaps(a, 0, 45)) == sum(not cover(a, t) for t in ticks if 0 <= t < 45)

@@ -116,11 +116,11 @@ def split(trace: Trace, start: float, end: float) -> tuple[Split, tuple]:
     busy = intervals.union(compute + comm + memory)
     step_us = end - start
     idle_gaps = intervals.gaps(busy, start, end)
-    host = 0.0
+    host_gaps, other_gaps = [], []
     for g0, g1 in idle_gaps:
         nxt = starts.get(g1)
-        if nxt is not None and _launch(trace, gpu[nxt][5]) > g0:
-            host += g1 - g0
+        (host_gaps if nxt is not None and _launch(trace, gpu[nxt][5]) > g0 else other_gaps).append((g0, g1))
+    host = intervals.length(host_gaps)
     comm_exposed = intervals.minus(comm, compute)
     mem_exposed = intervals.minus(memory, intervals.union(compute + comm))
     by_coll = tuple(sorted(((c, intervals.length(u := intervals.union(v)), intervals.minus(u, compute))
@@ -129,7 +129,7 @@ def split(trace: Trace, start: float, end: float) -> tuple[Split, tuple]:
                memory_us=mem_exposed, idle_us=step_us - intervals.length(busy), comm_us=intervals.length(comm),
                comm_overlapped_us=intervals.overlap(comm, compute), host_idle_us=host, kernels=count,
                by_collective=by_coll)
-    return sp, _segments(compute, comm, memory, idle_gaps)
+    return sp, _segments(compute, comm, memory, other_gaps, host_gaps)
 
 
 def _kinds(trace: Trace) -> dict:
@@ -174,13 +174,14 @@ def _order(trace: Trace):
     return cached[0], cached[1]
 
 
-def _segments(compute, comm, memory, idle) -> tuple:
+def _segments(compute, comm, memory, idle, host_idle) -> tuple:
     """The window as disjoint (start, end, part) runs in the split's precedence: compute, then NCCL, then
-    memory, then idle (what the timeline picture draws)."""
+    memory, then idle, host-caused or not (what the timeline picture draws)."""
     out = [(s, e, "compute") for s, e in compute]
     out += [(s, e, "communication") for s, e in intervals.difference(comm, compute)]
     out += [(s, e, "memory") for s, e in intervals.difference(memory, intervals.union(compute + comm))]
     out += [(s, e, "idle") for s, e in idle]
+    out += [(s, e, "idle (host)") for s, e in host_idle]
     return tuple(sorted(out))
 
 

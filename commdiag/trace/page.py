@@ -1,6 +1,6 @@
 """``commdiag trace --html FILE``: the same answer as the text, as one offline page in the report's style
 (analyse/report.py: its CSS, escaping and embedded plotly.js), with a timeline per rank: each step a row,
-its GPU time drawn as compute, communication, memory copies and idle from the step's first GPU activity.
+its GPU time drawn as compute, communication, memory copies, idle the host caused and other idle, from the step's first GPU activity.
 
 A step of thousands of kernels is drawn at a bounded resolution (``MAX_SEGMENTS`` runs per step: the
 part that filled most of each slice), and at most ``MAX_TIMELINE_STEPS`` steps per rank are drawn; the
@@ -16,7 +16,8 @@ from .result import TraceReport
 
 MAX_TIMELINE_STEPS = 8
 MAX_SEGMENTS = 2000
-COLOURS = {"compute": "#2ca02c", "communication": "#d62728", "memory": "#9467bd", "idle": "#c7c7c7"}
+COLOURS = {"compute": "#2ca02c", "communication": "#d62728", "memory": "#9467bd", "idle (host)": "#ff7f0e",
+           "idle": "#c7c7c7"}
 
 
 def check_plotly() -> None:
@@ -76,7 +77,7 @@ def timeline(rank) -> dict:
 
 def split_figure(rep: TraceReport) -> dict:
     parts = (("compute", "compute_us", COLOURS["compute"]), ("communication exposed", "comm_exposed_us", COLOURS["communication"]),
-             ("memory copies", "memory_us", COLOURS["memory"]), ("idle (host)", "host_idle_us", "#ff7f0e"),
+             ("memory copies", "memory_us", COLOURS["memory"]), ("idle (host)", "host_idle_us", COLOURS["idle (host)"]),
              ("idle (other)", None, COLOURS["idle"]))
     xs = [f"rank {r.rank}" for r in rep.ranks]
     data = []
