@@ -149,6 +149,25 @@ def test_a_folder_of_plain_json_reads_as_the_gzipped_files_and_a_small_window_ch
     assert folder == small
 
 
+def test_the_reader_holds_one_window_of_text_never_the_file(tmp_path, monkeypatch):
+    path = kineto_synth.write(tmp_path / "big.json", "eager", world_size=1, steps=20, layers=20, filler=2)
+    size = Path(path).stat().st_size
+    widest = []
+    more = reader._Text.more
+
+    def spy(self):
+        got = more(self)
+        widest.append(len(self.buf))
+        return got
+
+    monkeypatch.setattr(reader, "CHUNK", 16384)
+    monkeypatch.setattr(reader._Text, "more", spy)
+    t = reader.read(path)
+    assert size > 50 * 16384 and len(widest) > 50
+    assert max(widest) < 2 * 16384  # what is left of a window + one chunk: never the whole file
+    assert len(t.gpu) == 20 * 20 * 4 and t.events > 20 * 20 * 4 * 6
+
+
 def test_a_graph_trace_without_step_annotations_gives_one_step_per_replay(tmp_path):
     path = kineto_synth.write(tmp_path / "g.json", "graph", world_size=1, step_name="forward {i}",
                               steps=4)

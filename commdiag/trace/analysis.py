@@ -289,34 +289,34 @@ def verdict(t: dict) -> str:
     return max(shares, key=shares.get)
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     p = 100 * x
     return f"{p:.0f}%" if p >= 9.5 or p == 0 else f"{p:.1f}%" if p >= 0.05 else "<0.1%"
 
 
 def headline(t: dict, v: str, ranks: list[RankTrace]) -> str:
     """The answer in one line of plain words."""
-    comm = f"communication is {_pct(t['comm'])} of this step"
+    comm = f"communication is {pct(t['comm'])} of this step"
     if t["comm"] > 0 and t["comm_exposed"] < t["comm"] - 0.005:
-        comm += f" ({_pct(t['comm_exposed'])} exposed, the rest overlapped with compute)"
-    host = f"the GPU waits for the CPU {_pct(t['host_idle'])} of the time"
+        comm += f" ({pct(t['comm_exposed'])} exposed, the rest overlapped with compute)"
+    host = f"the GPU waits for the CPU {pct(t['host_idle'])} of the time"
     if v == LAUNCH_BOUND:
         return f"{comm}; {host} (eager launches): CUDA graphs, not NCCL settings, are where the time is"
     if v == COMM_BOUND:
         sizes = sorted({(s.collective, s.bytes, s.algorithm, s.protocol) for r in ranks for s in r.sizes},
                        key=lambda s: -1 if s[1] is None else s[1])
-        chose = ", ".join(f"{c} {a}/{p}" if b is None else f"{c} {_bytes(b)} {a}/{p}" for c, b, a, p in sizes[:3]) + (" ..." if len(sizes) > 3 else "")
+        chose = ", ".join(f"{c} {a}/{p}" if b is None else f"{c} {size_text(b)} {a}/{p}" for c, b, a, p in sizes[:3]) + (" ..." if len(sizes) > 3 else "")
         return (f"{comm} (NCCL chose {chose}); {host}: communication is where the time is; the stragglers say "
                 "whether a rank waits for another, commdiag sweep at these sizes whether a setting is faster")
     if v == COMPUTE_BOUND:
-        return f"{comm}; compute kernels are {_pct(t['compute'])}: the kernels themselves, not NCCL settings, are where the time is"
+        return f"{comm}; compute kernels are {pct(t['compute'])}: the kernels themselves, not NCCL settings, are where the time is"
     if v == MEMORY_BOUND:
-        return f"{comm}; memory copies are {_pct(t['memory'])}: the copies, not NCCL settings, are where the time is"
-    return (f"{comm}; the GPU is idle {_pct(t['idle'])} of the time but the host caused only {_pct(t['host_idle'])} "
+        return f"{comm}; memory copies are {pct(t['memory'])}: the copies, not NCCL settings, are where the time is"
+    return (f"{comm}; the GPU is idle {pct(t['idle'])} of the time but the host caused only {pct(t['host_idle'])} "
             "of it (synchronisation or waiting on something outside the GPU): not NCCL settings")
 
 
-def _bytes(n: int | None) -> str:
+def size_text(n: int | None) -> str:
     if n is None:
         return "size ?"
     for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..analyse import report
 from ..errors import CommdiagError
-from .analysis import _bytes, _pct
+from .analysis import pct, size_text
 from .result import TraceReport
 
 MAX_TIMELINE_STEPS = 8
@@ -98,9 +98,9 @@ def build_html(rep: TraceReport) -> str:
     figs = [split_figure(rep)] + [timeline(r) for r in rep.ranks]
     t = rep.typical
     body = ["<h1>commdiag trace</h1>", f"<p class=\"headline\"><b>{esc(rep.headline)}</b></p>",
-            f"<p>Typical step {esc(format(t['step_us'] / 1000, '.3f'))} ms: compute {esc(_pct(t['compute']))}, communication "
-            f"{esc(_pct(t['comm']))} (exposed {esc(_pct(t['comm_exposed']))}), memory copies {esc(_pct(t['memory']))}, "
-            f"idle {esc(_pct(t['idle']))} (host-caused {esc(_pct(t['host_idle']))}). Verdict: {esc(rep.verdict)}. "
+            f"<p>Typical step {esc(format(t['step_us'] / 1000, '.3f'))} ms: compute {esc(pct(t['compute']))}, communication "
+            f"{esc(pct(t['comm']))} (exposed {esc(pct(t['comm_exposed']))}), memory copies {esc(pct(t['memory']))}, "
+            f"idle {esc(pct(t['idle']))} (host-caused {esc(pct(t['host_idle']))}). Verdict: {esc(rep.verdict)}. "
             f"How to read it: {report.doc_link('trace.md')}.</p>"]
     body.append(report.plot_divs(figs[:1]))
     body.append("<h2>Per rank and step</h2>")
@@ -108,9 +108,9 @@ def build_html(rep: TraceReport) -> str:
     for r in rep.ranks:
         for s in r.steps:
             sp = s.split
-            rows.append([r.rank, s.name, f"{sp.step_us / 1000:.3f}", _pct(sp.share("compute_us")),
-                         _pct(sp.share("comm_us")), _pct(sp.share("comm_exposed_us")), _pct(sp.share("memory_us")),
-                         _pct(sp.share("idle_us")), _pct(sp.share("host_idle_us")),
+            rows.append([r.rank, s.name, f"{sp.step_us / 1000:.3f}", pct(sp.share("compute_us")),
+                         pct(sp.share("comm_us")), pct(sp.share("comm_exposed_us")), pct(sp.share("memory_us")),
+                         pct(sp.share("idle_us")), pct(sp.share("host_idle_us")),
                          "-" if s.cpu_us is None else f"{s.cpu_us / 1000:.3f}",
                          ", ".join(f"{c} {us:.0f} us ({ex:.0f} exposed)" for c, us, ex in sp.by_collective), sp.kernels])
     body.append(report.table(["rank", "step", "GPU ms", "compute", "comm", "comm exposed", "memcpy", "idle",
@@ -119,7 +119,7 @@ def build_html(rep: TraceReport) -> str:
     body.append(report.table(["rank", "collective", "elements", "dtype", "bytes", "group", "algorithm", "protocol",
                               "calls", "median us", "total us"],
                              [[r.rank, z.collective, "?" if z.nelems is None else z.nelems, z.dtype,
-                               "?" if z.bytes is None else _bytes(z.bytes), z.group_size or "?", z.algorithm,
+                               "?" if z.bytes is None else size_text(z.bytes), z.group_size or "?", z.algorithm,
                                z.protocol, z.count, f"{z.median_us:.1f}", f"{z.total_us:.0f}"]
                               for r in rep.ranks for z in r.sizes]))
     if rep.stragglers:
@@ -135,7 +135,7 @@ def build_html(rep: TraceReport) -> str:
                                   "note"],
                                  [[s.band, s.mode, s.config or "none (keep NCCL defaults)",
                                    "-" if s.ratio is None else f"{s.ratio:.3f}",
-                                   ", ".join(_bytes(b) for b in s.sizes) or "-", _pct(s.band_share), _pct(s.at_most),
+                                   ", ".join(size_text(b) for b in s.sizes) or "-", pct(s.band_share), pct(s.at_most),
                                    s.note] for s in rep.savings]))
     body.append("<h2>Timelines</h2>")
     body.append(report.plot_divs(figs[1:]))

@@ -3,7 +3,7 @@ sizes and NCCL's choice, the stragglers, what --sweep's winner would save, and t
 
 from __future__ import annotations
 
-from .analysis import _bytes, _pct
+from .analysis import pct, size_text
 from .result import TraceReport
 
 MAX_STEP_ROWS = 12  # per rank; the JSON has every step
@@ -17,9 +17,9 @@ def render(rep: TraceReport) -> str:
     t = rep.typical
     lines = [rep.headline, "",
              f"typical step {_ms(t['step_us'])} ms (each rank's median step, mean over {len(rep.ranks)} rank"
-             f"{'s' if len(rep.ranks) != 1 else ''}): compute {_pct(t['compute'])}, communication {_pct(t['comm'])} "
-             f"(exposed {_pct(t['comm_exposed'])}), memory copies {_pct(t['memory'])}, idle {_pct(t['idle'])} "
-             f"(host-caused {_pct(t['host_idle'])}); verdict: {rep.verdict}", ""]
+             f"{'s' if len(rep.ranks) != 1 else ''}): compute {pct(t['compute'])}, communication {pct(t['comm'])} "
+             f"(exposed {pct(t['comm_exposed'])}), memory copies {pct(t['memory'])}, idle {pct(t['idle'])} "
+             f"(host-caused {pct(t['host_idle'])}); verdict: {rep.verdict}", ""]
     head = (f"{'rank':>4} {'step':<16} {'GPU ms':>8} {'compute':>8} {'comm':>7} {'exposed':>8} {'memcpy':>7} "
             f"{'idle':>6} {'host':>6} {'CPU ms':>8}")
     lines.append(head)
@@ -28,10 +28,10 @@ def render(rep: TraceReport) -> str:
         for s in shown:
             sp = s.split
             name = s.name if len(s.name) <= 16 else s.name[:15] + "~"
-            lines.append(f"{r.rank:>4} {name:<16} {_ms(sp.step_us):>8} {_pct(sp.share('compute_us')):>8} "
-                         f"{_pct(sp.share('comm_us')):>7} {_pct(sp.share('comm_exposed_us')):>8} "
-                         f"{_pct(sp.share('memory_us')):>7} {_pct(sp.share('idle_us')):>6} "
-                         f"{_pct(sp.share('host_idle_us')):>6} {'-' if s.cpu_us is None else _ms(s.cpu_us):>8}")
+            lines.append(f"{r.rank:>4} {name:<16} {_ms(sp.step_us):>8} {pct(sp.share('compute_us')):>8} "
+                         f"{pct(sp.share('comm_us')):>7} {pct(sp.share('comm_exposed_us')):>8} "
+                         f"{pct(sp.share('memory_us')):>7} {pct(sp.share('idle_us')):>6} "
+                         f"{pct(sp.share('host_idle_us')):>6} {'-' if s.cpu_us is None else _ms(s.cpu_us):>8}")
         if len(r.steps) > len(shown):
             lines.append(f"{'':>4} ... {len(r.steps) - len(shown)} more steps (--json has every one)")
     lines.append("  shares of the step's GPU time: compute + exposed + memcpy + idle = 100%; comm = all communication "
@@ -44,7 +44,7 @@ def render(rep: TraceReport) -> str:
         for z in r.sizes:
             any_size = True
             size = ("size unknown (graph replay)" if z.nelems is None
-                    else f"{z.nelems} x {z.dtype} = {_bytes(z.bytes)}" if z.bytes is not None
+                    else f"{z.nelems} x {z.dtype} = {size_text(z.bytes)}" if z.bytes is not None
                     else f"{z.nelems} x {z.dtype}")
             group = f", group of {z.group_size}" if z.group_size else ""
             lines.append(f"  rank {r.rank}: {z.collective} {size}{group}: NCCL chose {z.algorithm}/{z.protocol}; "
@@ -53,7 +53,7 @@ def render(rep: TraceReport) -> str:
             sp = r.typical().split
             if sp.by_collective:
                 lines.append(f"  rank {r.rank}, typical step: " + ", ".join(
-                    f"{c} {_pct(us / sp.step_us if sp.step_us else 0)} ({_pct(ex / sp.step_us if sp.step_us else 0)} "
+                    f"{c} {pct(us / sp.step_us if sp.step_us else 0)} ({pct(ex / sp.step_us if sp.step_us else 0)} "
                     "exposed)" for c, us, ex in sp.by_collective))
     if not any_size:
         lines.append("  none: no NCCL kernel in these steps")
@@ -73,13 +73,13 @@ def render(rep: TraceReport) -> str:
         lines.append(f"what {rep.sweep}'s certified winners would save of this step at most "
                      "((1 - ratio) x the band's all-reduce share):")
         for sv in rep.savings:
-            sizes = ", ".join(_bytes(b) for b in sv.sizes) or "no all-reduce of this trace"
+            sizes = ", ".join(size_text(b) for b in sv.sizes) or "no all-reduce of this trace"
             if sv.config is None:
-                lines.append(f"  {sv.band} ({sizes}; {_pct(sv.band_share)} of the step): no certified winner, "
+                lines.append(f"  {sv.band} ({sizes}; {pct(sv.band_share)} of the step): no certified winner, "
                              f"keep NCCL defaults: saves nothing")
             else:
-                lines.append(f"  {sv.band} ({sizes}; {_pct(sv.band_share)} of the step): {sv.config}, ratio "
-                             f"{sv.ratio:.3f} ({sv.mode}): at most {_pct(sv.at_most)} of the step")
+                lines.append(f"  {sv.band} ({sizes}; {pct(sv.band_share)} of the step): {sv.config}, ratio "
+                             f"{sv.ratio:.3f} ({sv.mode}): at most {pct(sv.at_most)} of the step")
             if sv.note and sv.config is not None:
                 lines.append(f"    {sv.note}")
     by_note: dict[str, list] = {}
