@@ -253,6 +253,10 @@ def test_sweep_winner_saves_at_most_its_ratio_times_the_band_share(tmp_path):
     assert re.search(r"decode \(64 KiB; 99% of the step\): fast, ratio 0\.\d+ \(graph\): at most \d+% of the step",
                      text), text
     assert "prefill (no all-reduce of this trace; 0% of the step)" in text
+    # graph replays carry no sizes: nothing is placed in a band, and the note says what it could be at most
+    graph = next(s for s in analyse_paths(traces("graph"), sweep=run_dir).savings if s.band == "decode")
+    assert graph.sizes == () and graph.at_most == 0
+    assert "99% of the step is all-reduce of unknown size (graph replays): if all of it were in this band" in graph.note
     with pytest.raises(CommdiagError, match="a commdiag run folder"):  # said before any trace is read
         analyse_paths(["/nonexistent.json"], sweep=tmp_path)
 
