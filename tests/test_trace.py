@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -212,6 +213,8 @@ def _cpu_only(tmp_path) -> Path:
     ("schema-2", "schemaVersion: 2 is a trace format this commdiag does not read"),
     ("legacy", "no schemaVersion: not a Kineto (torch.profiler) trace"),
     ("same-rank", "rank 0 again"),
+    ("fifo", "not a regular file (a FIFO, device, socket or folder): not read"),
+    ("empty-folder", "a folder without trace files (*.json, *.json.gz)"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, case, expected):
     real = traces("graph")[0].read_bytes()
@@ -225,6 +228,8 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, case, expected):
         "schema-2": lambda: _bad(tmp_path, "t.json", text.replace(b'"schemaVersion": 1', b'"schemaVersion": 2')),
         "legacy": lambda: _bad(tmp_path, "t.json", b'[{"name": "aten::mm", "ph": "X", "cat": "cpu", "ts": 1, "dur": 2}]'),
         "same-rank": lambda: _bad(tmp_path, "copy.json.gz", real),
+        "fifo": lambda: (os.mkfifo(tmp_path / "p.json"), tmp_path / "p.json")[1],  # never blocks
+        "empty-folder": lambda: tmp_path,
     }[case]()
     args = [traces("graph")[0], path] if case == "same-rank" else [path]
     proc = run_cli("trace", *args)
