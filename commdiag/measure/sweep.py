@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, linewrap, metadata
+from .. import __version__, linewrap, metadata, procs
 from ..analyse import certify, paired, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
 from . import launcher, machinestate, runlock, serverpool
@@ -112,7 +112,7 @@ def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict
         return {}, f"user's own NCCL_DEBUG={env['NCCL_DEBUG']} kept; NCCL's confirmation is read only if it logs ENV to a file"
     subsys = "ENV,INIT" if _tuner_requested(env) else "ENV"  # INIT: the tuner's load and rule lines
     return ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": subsys,
-             "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log")},
+             "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")},  # the launch runs in its folder
             f"commdiag: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS={subsys} (init only, no per-call logging)")
 
 
@@ -168,9 +168,6 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
     }
 
 
-# Environment variables a process reads when it starts or loads a library (the loader, Python,
-# OpenMP, MKL): a forked child has its server's values, so a config setting one needs torchrun.
-START_TIME_PREFIXES = ("LD_", "PYTHON", "OMP_", "GOMP_", "KMP_", "MKL_")
 LAUNCH_TEXT = {
     "forkserver": "each launch's ranks are fresh processes forked from per-rank launch servers that "
                   "imported torch and the worker only (no CUDA, NCCL or NVML before the fork); the child "
@@ -185,10 +182,8 @@ def launch_method(spec: Spec) -> tuple[str, str | None]:
         return "torchrun", None
     if spec.nnodes > 1:
         return "torchrun", "launch: forkserver is single-node only; nnodes > 1 runs a fresh torchrun per launch"
-    start = sorted({k for c in spec.configs for k in c.env if k.startswith(START_TIME_PREFIXES)})
-    if start:
-        return "torchrun", (f"launch: forkserver cannot apply {', '.join(start)} (read when a process starts, "
-                            "before any fork); a fresh torchrun per launch instead")
+    # A config's variable that the servers may not change after the fork (LD_PRELOAD, OMP_NUM_THREADS,
+    # TORCH_DISTRIBUTED_DEBUG, ...) gets launch servers started with it (serverpool.py): no torchrun.
     return "forkserver", None
 
 
@@ -225,8 +220,10 @@ class Starter:
             mark(marker)
             write_json(folder / "plan.json", plan)
             try:
-                return (self.pool.launch(index, config_env, extra_env, folder / "plan.json", deadline_s),
-                        marker, "forkserver")
+                outcome = self.pool.launch(index, config_env, extra_env, folder / "plan.json", deadline_s)
+                if self.pool.started:  # the launch servers' groups: what tells each apart, and its proof
+                    self.run.setdefault("launch", _launch_record(self.spec))["server_groups"] = self.pool.started
+                return outcome, marker, "forkserver"
             except serverpool.ServerRefused as e:
                 self._fall_back(str(e))
         marker = launcher.new_marker()
@@ -419,7 +416,7 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -
 
 def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
-    launcher.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
+    procs.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
     configs = {c["name"]: c for c in run["configs"]}
     run.setdefault("launch", _launch_record(spec))  # a run stored before launch methods: torchrun
     if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
@@ -760,6 +757,8 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
     measured = sum(max(r.get("measure_s", 0.0) for r in res["ranks"]) for res in found if res)
     for n, (launch, result) in enumerate(zip(batch, found)):
         launch["started_utc"], launch["marker"], launch["launched_by"] = started, marker, method
+        if method == "forkserver" and starter.pool is not None and starter.pool.last_group is not None:
+            launch["server_group"] = starter.pool.last_group  # run.json launch.server_groups[N]
         _record(spec, run, launch, outcome, result, folder, shared=reuse)
         launch["machine"] = machine
         if reuse:
