@@ -109,7 +109,7 @@ def test_cli_names_ring_ll_the_sizes_the_straggler_and_the_bottleneck(tmp_path):
     # the first step of rank 0 sat 245 ms in its first all-reduce waiting for rank 1 to arrive
     assert re.search(r"step 0: slowest rank 0 317\.8 ms, \S+ over rank 1; rank 1 arrived last: the others waited "
                      r"up to 245\.0 ms", words(out)), out
-    assert "steps: the annotations decode_stepN (record_function)" in out
+    assert "steps: the annotations decode_step_N (record_function)" in out
 
     proc = run_cli("trace", "--json", *traces("graph"))
     assert proc.returncode == 0, proc.stderr

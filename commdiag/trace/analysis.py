@@ -29,7 +29,7 @@ from .result import (COMM_BOUND, COMPUTE_BOUND, IDLE_OTHER, LAUNCH_BOUND, MEMORY
 # Host-caused idle at or above this share of a step calls the step launch-bound: the GPU then spends
 # at least a fifth of the step waiting for the CPU, which CUDA graphs remove and no NCCL variable touches.
 LAUNCH_BOUND_SHARE = 0.2
-_NUMBERED = re.compile(r"^(.*?)[_#\s.:-]?(\d+)$")
+_NUMBERED = re.compile(r"^(.*?[_#\s.:-]?)(\d+)$")
 PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 
 
