@@ -302,3 +302,21 @@ def test_interval_difference_and_gaps_against_a_brute_force_count():
         assert intervals.length(intervals.difference(a, b)) == sum(cover(a, t) and not cover(b, t) for t in ticks)
         assert intervals.overlap(a, b) == sum(cover(a, t) and cover(b, t) for t in ticks)
         assert intervals.length(intervals.gaps(a, 0, 45)) == sum(not cover(a, t) for t in ticks if 0 <= t < 45)
+
+
+def test_split_of_literal_overlapping_streams():
+    """Compute on stream 7, NCCL on stream 20 overlapping it, a copy, then a gap the CPU caused."""
+    t = reader.Trace("literal", meta={"schemaVersion": 1})
+    t.names = ["gemm", "ncclDevKernel_AllGather_RING_SIMPLE(x)", "Memcpy DtoD (Device -> Device)"]
+    t.gpu = [(0.0, 10.0, 7, "kernel", 0, 1, None), (5.0, 15.0, 20, "kernel", 1, 2, None),
+             (18.0, 7.0, 7, "memcpy", 2, 3, None), (30.0, 10.0, 7, "kernel", 0, 4, None)]
+    t.launches = {1: (-5.0, 1.0, 0), 2: (-4.0, 1.0, 0), 3: (-3.0, 1.0, 0), 4: (27.0, 1.0, 0)}
+    sp, segments = analysis.split(t, 0.0, 40.0)
+    assert (sp.compute_us, sp.comm_us, sp.comm_overlapped_us, sp.comm_exposed_us) == (20, 15, 5, 10)
+    assert (sp.memory_us, sp.idle_us, sp.host_idle_us, sp.kernels) == (5, 5, 5, 4)
+    assert sp.by_collective == (("AllGather", 15, 10),)
+    assert segments == ((0, 10, "compute"), (10, 20, "communication"), (20, 25, "memory"),
+                        (25, 30, "idle (host)"), (30, 40, "compute"))
+    # launched before the gap began: the GPU had work queued (waiting on something else), not the host's doing
+    t.launches[4] = (20.0, 1.0, 0)
+    assert analysis.split(t, 0.0, 40.0)[0].host_idle_us == 0
