@@ -30,6 +30,15 @@ each stream kept; a process that keeps a pipe open past the deadline is killed, 
 Also here: ``free_port`` (the one loopback port picker), ``take_back_sigint`` (Ctrl-C works even when
 commdiag was started with SIGINT ignored), and ``private_folder`` (where a child's scratch files go:
 as root never under a ``$TMPDIR`` another user can change).
+
+The API, stable (measure/serverpool.py and forkserver.py port onto it next):
+``start(argv, env=, cwd=, marker=, stdin=, stdout=, stderr=, append=, pass_fds=, run_as=, parent_death=)``
+-> ``Group`` (``pid``, ``marker``, ``started``, ``poll()``, ``wait(timeout)``, ``signal_group(sig)``,
+``stop(ladder, sweep=)`` -> ``Stopped``, ``close()``); ``finish(group, deadline_s=, ...)`` and
+``run(argv, ..., deadline_s=)`` -> ``Finished``; markers: ``MARKER``, ``new_marker``, ``carries_marker``,
+``marked_pids``, ``kill_marked(marker, wait_s)``, ``signal_marked(pid, marker, sig, group=)``; and
+``free_port``, ``take_back_sigint``, ``scratch_root``, ``private_folder``, ``KILL_GRACE_S``, ``OUTPUT_CAP``,
+``PIPE``/``DEVNULL``/``STDOUT``.
 """
 
 from __future__ import annotations
@@ -115,6 +124,25 @@ def kill_marked(marker: str, wait_s: float = 0.0) -> int:
         time.sleep(0.01)
         alive = [p for p in alive if carries_marker(p, marker)]
     return len(pids)
+
+
+def signal_marked(pid: int, marker: str, sig: int, *, group: bool = False) -> bool:
+    """Signal ``pid`` (its process group with ``group``) only while it still carries ``marker``: for
+    processes commdiag did not start itself but knows by pid (a launch server's forked children), whose
+    pid may have been reused by now.  True if the signal was sent."""
+    if not carries_marker(pid, marker):
+        return False
+    try:
+        if group:
+            try:
+                os.killpg(pid, sig)
+                return True
+            except ProcessLookupError:  # forked a moment ago: not yet the leader of its own group
+                pass
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 # --------------------------------------------------------------------------- small shared pieces
