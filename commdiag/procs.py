@@ -31,12 +31,12 @@ Also here: ``free_port`` (the one loopback port picker), ``take_back_sigint`` (C
 commdiag was started with SIGINT ignored), and ``private_folder`` (where a child's scratch files go:
 as root never under a ``$TMPDIR`` another user can change).
 
-The API, stable (measure/serverpool.py and forkserver.py port onto it next):
+The API, stable (measure/serverpool.py and forkserver.py start through it too):
 ``start(argv, env=, cwd=, marker=, stdin=, stdout=, stderr=, append=, pass_fds=, run_as=, parent_death=)``
 -> ``Group`` (``pid``, ``marker``, ``started``, ``poll()``, ``wait(timeout)``, ``signal_group(sig)``,
 ``stop(ladder, sweep=)`` -> ``Stopped``, ``close()``); ``finish(group, deadline_s=, ...)`` and
 ``run(argv, ..., deadline_s=)`` -> ``Finished``; markers: ``MARKER``, ``new_marker``, ``carries_marker``,
-``marked_pids``, ``kill_marked(marker, wait_s)``, ``signal_marked(pid, marker, sig, group=)``; and
+``marked_pids``, ``kill_marked(marker, wait_s)``, ``signal_leader(pid, sig, marker)``; and
 ``free_port``, ``take_back_sigint``, ``scratch_root``, ``private_folder``, ``KILL_GRACE_S``, ``OUTPUT_CAP``,
 ``PIPE``/``DEVNULL``/``STDOUT``.
 """
@@ -126,19 +126,19 @@ def kill_marked(marker: str, wait_s: float = 0.0) -> int:
     return len(pids)
 
 
-def signal_marked(pid: int, marker: str, sig: int, *, group: bool = False) -> bool:
-    """Signal ``pid`` (its process group with ``group``) only while it still carries ``marker``: for
-    processes commdiag did not start itself but knows by pid (a launch server's forked children), whose
-    pid may have been reused by now.  True if the signal was sent."""
-    if not carries_marker(pid, marker):
+def signal_leader(pid: int, sig: int, marker: str | None = None) -> bool:
+    """Signal the process group that ``pid`` leads, or ``pid`` alone while it leads none yet (a
+    moment after its fork, before its ``setsid``): for processes commdiag did not start through
+    ``start``, a launch server's forked children (measure/forkserver.py, serverpool.py).  With
+    ``marker``, only while ``pid`` still carries it (never a reused pid).  True if a signal was sent."""
+    if marker is not None and not carries_marker(pid, marker):
         return False
     try:
-        if group:
-            try:
-                os.killpg(pid, sig)
-                return True
-            except ProcessLookupError:  # forked a moment ago: not yet the leader of its own group
-                pass
+        try:
+            os.killpg(pid, sig)
+            return True
+        except ProcessLookupError:  # not (yet) the leader of a group of its own
+            pass
         os.kill(pid, sig)
         return True
     except (ProcessLookupError, PermissionError):

@@ -316,12 +316,12 @@ def test_as_root_explain_takes_no_loader_variable_from_run_json(fake_torchrun, t
     assert not fake_torchrun.exists()  # nothing started
 
 
-def test_signal_marked_reaches_only_a_process_that_still_carries_the_marker(tmp_path):
+def test_signal_leader_reaches_only_a_process_that_still_carries_the_marker(tmp_path):
     g = procs.start(["sleep", "30"], env=dict(os.environ), cwd=tmp_path, parent_death=None)
     try:
-        assert not procs.signal_marked(g.pid, procs.new_marker(), signal.SIGKILL)  # another launch's pid
+        assert not procs.signal_leader(g.pid, signal.SIGKILL, procs.new_marker())  # another launch's pid
         assert g.wait(0.2) is None
-        assert procs.signal_marked(g.pid, g.marker, signal.SIGKILL, group=True)
+        assert procs.signal_leader(g.pid, signal.SIGKILL, g.marker)
         assert g.wait(5) == -signal.SIGKILL
     finally:
         g.stop(())
