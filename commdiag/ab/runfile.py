@@ -27,7 +27,7 @@ def save(run_dir: Path, run: dict) -> None:
 def load(run_dir: str | Path) -> dict:
     path = Path(run_dir) / "run.json"
     try:
-        run = json.loads(readfile.read_text(path))
+        run = json.loads(readfile.read_text(path, what="run folder"))
     except FileNotFoundError:
         raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag ab run folder?") from None
     except (OSError, ValueError, RecursionError) as e:

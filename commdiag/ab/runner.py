@@ -23,7 +23,6 @@ import dataclasses
 import datetime as dt
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import metadata, procs
+from .. import atomic, metadata, procs
 from ..errors import CommdiagError
 from ..formats.spec import launch_order
 from ..measure import launcher, machinestate, runner as engine
@@ -120,9 +119,8 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
     warmups, the measured run, the stop); KeyboardInterrupt propagates after every process is ended."""
     t0 = time.monotonic()
     folder = run_dir / "launches" / f"{launch['index']:04d}"
-    if folder.exists():  # left by an interrupted attempt: start clean
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    atomic.remove_tree(folder)  # left by an interrupted attempt: start clean (links inside removed, not followed)
+    atomic.make_dirs(folder)
     marker = launcher.new_marker()
     launch["marker"] = marker
     launch["started_utc"] = launcher.utc_now()

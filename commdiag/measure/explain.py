@@ -27,12 +27,11 @@ lines; docs/tuner.md 'Proof')::
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from .. import procs
+from .. import atomic, procs
 from . import launcher, runner
 from .launcher import Progress
 from ..nccl import ncclog, transports, tunerlog
@@ -172,7 +171,9 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None,
 
     run_dir = Path(run_dir)
     base_env = dict(os.environ if env is None else env)
-    with runner.opened(run_dir, load=results.load_run_json, save=results.save_run) as folder:
+    # as root, launches are written only into a run folder no other user can change (as sweep's are)
+    with runner.opened(run_dir, load=results.load_run_json, save=results.save_run,
+                       inside=("launches", "explain")) as folder:
         run = folder.run
         spec = Spec.from_json(run["spec"])
         require_nccl(run_dir, spec.backend)
@@ -206,9 +207,8 @@ def _one_launch(folder: runner.Folder, spec: Spec, base_env: dict, launch: dict,
     n, run = launch["index"], folder.run
     sizes = [s.bytes for s in spec.sizes]
     out = folder.path / "explain" / f"{n:04d}"
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    atomic.remove_tree(out)  # the one writer: a link planted there is removed, never followed
+    atomic.make_dirs(out)
     debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
              "NCCL_DEBUG_FILE": str(out.resolve() / "nccl.%h.%p.log")}
     plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0, "iters": 0,

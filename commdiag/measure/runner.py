@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .. import __version__, procs
+from .. import __version__, atomic, procs
 from ..errors import CommdiagError
 from ..formats.results import OK, PENDING  # the launch statuses every kind shares (ab/runfile.py: the same)
 from . import launcher, machinestate, runlock
@@ -79,15 +79,18 @@ def reap(run: dict, run_dir: Path) -> None:
 
 @contextlib.contextmanager
 def opened(run_dir: str | Path, *, load: Callable[[Path], dict], save: Callable[[Path, dict], None],
-           new: Callable[[], dict] | None = None) -> Iterator["Folder"]:
+           new: Callable[[], dict] | None = None, inside: tuple[str, ...] = ("launches",)) -> Iterator["Folder"]:
     """The run folder held under its lock for the ``with`` block.  ``new``: make the run's dict for a
     new folder (refused when the folder holds a run); else ``load`` it (again under the lock: what the
     last holder left) and end the orphans of its launches.  Nothing is saved here: a kind may still
-    refuse the run (its checks raise) and leave run.json as it was."""
+    refuse the run (its checks raise) and leave run.json as it was.  ``inside``: the folders below it
+    the kind writes, which as root no other user may be able to change (runlock.check_folder)."""
     run_dir = Path(run_dir)
     if new is not None:
         refuse_existing(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+    runlock.check_folder(run_dir, inside)  # before anything is made: no folder left behind a user's link
+    if new is not None:
+        atomic.make_dirs(run_dir)  # the one writer: never through a link
     with runlock.hold(run_dir):
         if new is not None:
             refuse_existing(run_dir)  # checked again under the lock: two commands may race for one --out

@@ -25,12 +25,11 @@ import importlib.machinery
 import importlib.util
 import os
 import random
-import shutil
 import zlib
 from pathlib import Path
 from typing import Callable
 
-from .. import metadata
+from .. import atomic, metadata
 from ..analyse import verdict
 from . import launcher, machinestate, runner, serverpool, slurm, stages
 from .launcher import Progress
@@ -499,9 +498,8 @@ def _one_process(spec: Spec, run_folder: runner.Folder, batch: list[dict], confi
     folders = []
     for launch in batch:
         folder = results.launch_dir(run_dir, launch["index"])
-        if folder.exists():  # left by an interrupted attempt: start clean
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+        atomic.remove_tree(folder)  # left by an interrupted attempt: start clean (links inside removed, not followed)
+        atomic.make_dirs(folder)
         folders.append(folder)
     first, folder = batch[0], folders[0]
     config = configs[first["config"]]
