@@ -105,8 +105,9 @@ def _one(arm, name, better, d, p, threshold, significant, delta, tail, alpha_m) 
     ci = paired.interval(d, tail)
     ratio = math.exp(hl)
     if ci is None:
+        need = _needed(sd, hl, delta, tail)  # None with one round (no sd): the exact floor is all that is known
         return Verdict(arm, name, better, INCONCLUSIVE, ratio, None, p, threshold, n, sd,
-                       max(need_min, _needed(sd, hl, delta, tail)),
+                       need_min if need is None else max(need_min, need),
                        f"{n} complete rounds: the exact test needs at least {need_min}")
     lo, hi = math.exp(ci[0]), math.exp(ci[1])
     up, down = 1 + delta, 1 - delta

@@ -26,7 +26,6 @@ import importlib.util
 import os
 import random
 import shutil
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -98,11 +97,25 @@ def preflight(spec: Spec) -> int:
 
 
 def _seed(spec: Spec) -> int:
+    """The launch order's seed: the spec's, else a fresh one per run (a rerun must not repeat the order
+    that may have favoured a config by luck).  Multi-node runs cannot draw one on each node (every node
+    must run the same order), so they need it in the spec (``_check_seed``)."""
     if spec.seed is not None:
         return spec.seed
-    if spec.nnodes > 1:  # every node must draw the same order: derive it from the spec
-        return zlib.crc32(repr(spec.to_json()).encode())
+    _check_seed(spec)
     return random.SystemRandom().randrange(2**31)
+
+
+def _check_seed(spec: Spec) -> None:
+    """Before any launch: a multi-node spec names its seed (the same on every node, a new one per run)."""
+    if spec.nnodes > 1 and spec.seed is None:
+        from ..errors import SpecError
+
+        fresh = random.SystemRandom().randrange(2**31)
+        raise SpecError(spec.path, "seed", f"required when nnodes > 1: every node must run the same launch order, "
+                                           "and a seed derived from the spec would repeat it in every rerun; give "
+                                           f"the same fresh one on every node, e.g. --set seed={fresh} (drawn now), "
+                                           "and a new one for each run")
 
 
 def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict[str, str], str]:
@@ -158,14 +171,23 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
         "state": "running",
         "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
+        "seed_source": "spec" if spec.seed is not None else "drawn",
         "method": _method(spec),
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
         "launches": [{"index": l.index, "config": l.config, "trial": l.trial, "stage": 1, "status": results.PENDING}
                      for l in order],
         "fingerprint": {"launcher": metadata.collect_host(), **_nvml_fingerprint(spec)},
-        "warnings": list(spec.warnings),
+        "warnings": list(spec.warnings) + _reuse_warning(spec),
         "launch": _launch_record(spec),
     }
+
+
+def _reuse_warning(spec: Spec) -> list[str]:
+    if not spec.reuse_process or reuse_shared(spec):
+        return []
+    return [f"reuse_process: every launch runs in its own process: the configs do not all differ only in "
+            f"{'/'.join(PER_COMMUNICATOR)} (default included), and sharing a process among some of them would "
+            "make the first run in a process (first communicator, first kernels) theirs, not the shuffle's"]
 
 
 # Environment variables a process reads when it starts or loads a library (the loader, Python,
@@ -301,6 +323,7 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
     else:
         assert spec is not None
         _check_reuse(spec, base_env)
+        _check_seed(spec)
         if confirm:
             _check_confirm_rounds(spec, certify_sizes)
         nproc = preflight(spec)
@@ -347,7 +370,7 @@ def _check_confirm_rounds(spec: Spec, certify_sizes: bool) -> None:
     fewest, _, alt = _spec_families(spec)
     if not fewest:
         return
-    thr = (stats.ALPHA / 2 if certify_sizes else stats.ALPHA) / fewest
+    thr = certify.threshold(stats.ALPHA / 2 if certify_sizes else stats.ALPHA, fewest)
     if paired.smallest_p(spec.confirm_rounds, alt) > thr:
         from ..errors import SpecError
 
@@ -472,7 +495,7 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
                      + (f"; fell back earlier in this run: {how['fallback']}" if how.get("fallback") else ""))
     if spec.confirm_rounds and then:
         _, most, _ = _spec_families(spec)
-        thr = (stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA) / max(most, 1)
+        thr = certify.threshold(stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA, max(most, 1))
         if most and paired.smallest_p(spec.confirm_rounds, TWO_SIDED if spec.confirm_configs else LESS) > thr:
             lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
                          f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
@@ -558,6 +581,10 @@ def _check_further_look(run_dir: Path, plan: dict, rounds: int | None) -> None:
     claims = certify.claims_of(plan)
     total = certify.total_rounds(plan)
     thr = certify.next_threshold(plan)
+    if thr <= 0:
+        raise CommdiagError(f"{run_dir}: its first look spent the whole {plan.get('alpha', stats.ALPHA):.0%} "
+                            "(confirmed before looks spent alpha/2, alpha/4, ...): a further look would take the "
+                            "run's chance of a false certification beyond it; run the spec afresh instead")
     need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
     least = min(paired.rounds_to_reach(thr, c.alternative) for c in claims)
     if rounds is None:
@@ -606,10 +633,10 @@ def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
             lines.append(f"  not certifiable with this plan: {', '.join(sorted({c.config for c in cannot}))} "
                          f"(tested either way) would need {need} rounds; not launched")
     if look["look"] > 1:
-        spent = len(claims) * sum(lk["threshold"] for i, lk in enumerate(plan["looks"])
-                                  if certify.look_spent(plan, i + 1))
-        lines.append(f"  a further look at the same claims: the run's family-wise error rate is now at most "
-                     f"{spent:.2%} (each look that could certify spends its threshold x {len(claims)} claims)")
+        spent = certify.alpha_spent(plan)
+        lines.append(f"  a further look at the same claims: the looks have spent {spent:.2%} of the run's "
+                     f"{plan.get('alpha', stats.ALPHA):.0%} (each spends half of what is left: any number of "
+                     "looks stays within it)")
     for c in claims:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
         lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
@@ -682,20 +709,40 @@ def _check_reuse(spec: Spec, base_env: dict) -> None:
 
 def process_batches(launches: list[dict], configs: dict[str, dict], reuse: bool) -> list[list[dict]]:
     """The launches each torchrun process runs, in launch order: one each (the default), or with
-    reuse_process every launch of one trial round whose configs differ only in PER_COMMUNICATOR
-    variables (each then gets its own communicators inside the shared process)."""
+    reuse_process every launch of one trial round, when all its configs, default included, differ only
+    in PER_COMMUNICATOR variables (each then gets its own communicators inside the shared process).
+
+    All or none: a round whose configs cannot all share one process runs every launch in its own.
+    Batching only some would put a config that sets anything else first in a fresh process every time,
+    while default is first only sometimes: a first-run-in-a-process effect (the first communicator and
+    kernels) would then be the config's, and a twin was certified in 8.8-63% of simulated runs.  In one
+    shared process the round's shuffled order decides who runs first, a fair coin as the test needs."""
     if not reuse:
         return [[l] for l in launches]
     batches: list[list[dict]] = []
-    by_key: dict[tuple, list[dict]] = {}
+    by_trial: dict[int, list[dict]] = {}
     for l in launches:
-        fixed = tuple(sorted((k, v) for k, v in configs[l["config"]]["env"].items() if k not in PER_COMMUNICATOR))
-        key = (l["trial"], fixed)
-        if key not in by_key:
-            by_key[key] = []
-            batches.append(by_key[key])
-        by_key[key].append(l)
-    return batches
+        if l["trial"] not in by_trial:
+            by_trial[l["trial"]] = []
+            batches.append(by_trial[l["trial"]])
+        by_trial[l["trial"]].append(l)
+    out: list[list[dict]] = []
+    for batch in batches:
+        if len({process_key(configs[l["config"]]["env"]) for l in batch}) == 1:
+            out.append(batch)
+        else:
+            out += [[l] for l in batch]
+    return out
+
+
+def process_key(env: dict) -> tuple:
+    """What a shared process fixes: every variable but PER_COMMUNICATOR."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_COMMUNICATOR))
+
+
+def reuse_shared(spec: Spec) -> bool:
+    """Can reuse_process share anything: do all configs, default included, differ only in PER_COMMUNICATOR?"""
+    return len({process_key(c.env) for c in spec.configs}) == 1
 
 
 def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], configs: dict[str, dict],
