@@ -313,6 +313,10 @@ class Certification:
         tail = "" if self.eligible else " (never a winner: a launch failed or gave wrong sums)"
         if self.certified:
             return f"certified {abs(self.ratio - 1) * 100:.1f}% {self.result}{tail}"
+        if self.result == NOT_CERTIFIED and self.failed > self.default_failed and self.p is not None \
+                and self.p <= self.threshold and self.ratio <= 1 - MIN_EFFECT:
+            return (f"not certified, keep NCCL defaults: faster on its good launches, but it failed more often "
+                    f"than default ({self.failed} against {self.default_failed})")
         if self.tail:
             return (f"not certified, keep NCCL defaults: {abs(self.ratio - 1) * 100:.1f}% faster on the typical "
                     f"launch, but its mean time is {(self.mean_ratio - 1) * 100:+.1f}% (rare slow launches)")
@@ -466,6 +470,8 @@ def test_claim(claim: Claim, xs: dict[int, float | None], ys: dict[int, float | 
     result = decide(p, ratio, thr, claim.alternative)
     mean_ratio = sum(math.exp(v) for v in x) / sum(math.exp(v) for v in y)
     tailed = result == FASTER and mean_ratio >= 1.0  # the typical launch is faster, the mean time is not
+    if result == FASTER and failed["failed"] > failed["default_failed"]:  # never faster while it fails more
+        result = NOT_CERTIFIED
     return Certification(claim, look, thr, _us(x), _us(y), p, floor, ratio,
                          NOT_CERTIFIED if tailed else result, PAIRED, _sd(d),
                          tuple(round(math.exp(my + s), 4) for s in states) if states else None, trend, eligible,
