@@ -107,8 +107,8 @@ def resolution(values) -> float | None:
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
     if v.size < RESOLUTION_MIN_VALUES:
         return None  # too few values to tell a grid from chance
-    v = np.unique(v)
     scale = float(np.median(np.abs(v))) or 1.0
+    v = np.unique(v)
     if v.size == 1:
         return math.inf
     step = float(np.diff(v).min())
