@@ -153,10 +153,39 @@ def ab_aa(runs: int) -> None:
         line(f"ab A/A, 12 rounds: {model}: BETTER or WORSE", false, runs)
 
 
+def tails(runs: int) -> None:
+    """The tail check: how often a config with a tail default does not show is crowned, and how often
+    it withholds a real 10% winner whose noise is heavy-tailed for both arms (its price: power)."""
+    claim = certify.Claim("x", "graph", "decode", None, LESS, "screening", 0.9)
+    thr = certify.threshold(ALPHA, 1)
+    k2 = certify.rounds_needed([claim])
+    for name, rounds in (("5% faster, 3x slower on 5% of launches", k2), ("the same", 20),
+                         ("a real 10% winner, t(2) noise on both arms", k2)):
+        rng = np.random.default_rng(19 + rounds)
+        crowned = withheld = 0
+        for _ in range(runs):
+            if name.startswith("a real"):
+                y = 0.02 * rng.standard_t(2, rounds)
+                x = math.log(0.9) + 0.02 * rng.standard_t(2, rounds)
+            else:
+                y = rng.normal(0, 0.01, rounds)
+                x = math.log(0.95) + rng.normal(0, 0.01, rounds) + np.where(rng.random(rounds) < 0.05,
+                                                                           math.log(3.0 / 0.95), 0.0)
+            c = certify.test_claim(claim, dict(enumerate(map(float, x))), dict(enumerate(map(float, y))), thr=thr,
+                                   look=1, eligible=True)
+            crowned += c.certified
+            withheld += c.tail
+        if name.startswith("a real"):
+            print(f"tail check, {name}, {rounds} rounds: certified {crowned / runs:.1%}, withheld by the check "
+                  f"{withheld / runs:.2%} ({runs} runs)", flush=True)
+        else:
+            line(f"tail: {name}, {rounds} rounds: CERTIFIED FASTER", crowned, runs)
+
+
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
     t0 = time.monotonic()
-    for case in (stage2_aa, looks, reuse, sweep_failures, ab_failures, ab_coarse, ab_aa):
+    for case in (stage2_aa, looks, reuse, sweep_failures, tails, ab_failures, ab_coarse, ab_aa):
         case(runs)
     print(f"({time.monotonic() - t0:.0f} s)")
 

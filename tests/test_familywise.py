@@ -303,6 +303,46 @@ def test_the_interval_with_ties_and_zeros_is_the_test_inverted():
     assert paired.interval(d, 0.01) == (w[c], w[-1 - c]) == paired._inverted(d, 0.01)
 
 
+# ---------------------------------------------------------------- what a verdict claims: tails (item 7)
+
+def test_a_config_whose_launches_show_a_tail_default_s_do_not_is_never_crowned():
+    # 5% faster on 19 of 20 launches, 3x slower on one: the typical launch is faster (main certified it),
+    # the mean time 5% worse
+    claim = certify.Claim("x", "graph", "decode", None, LESS, "screening", 0.95)
+    rng = np.random.default_rng(18)
+    ys = {r: math.log(10.0) + float(rng.normal(0, 0.003)) for r in range(20)}
+    xs = {r: ys[r] + math.log(0.95) + float(rng.normal(0, 0.003)) for r in range(20)}
+    xs[7] = ys[7] + math.log(3.0)
+    c = certify.test_claim(claim, xs, ys, thr=certify.threshold(ALPHA, 1), look=1, eligible=True, planned=20)
+    assert c.p <= c.threshold and c.ratio < 0.97  # what the test alone says
+    assert c.tail and not c.certified and c.mean_ratio > 1.04 and "mean time is +" in c.headline
+    # a plain winner, and one whose tail default shares (two states for both), are crowned
+    del xs[7], ys[7]
+    assert certify.test_claim(claim, xs, ys, thr=c.threshold, look=1, eligible=True).certified
+    both = {r: v + (math.log(2.0) if r % 4 == 0 else 0.0) for r, v in ys.items()}
+    xboth = {r: v + (math.log(2.0) if r % 4 == 0 else 0.0) for r, v in xs.items()}
+    assert certify.test_claim(claim, xboth, both, thr=c.threshold, look=1, eligible=True).certified
+
+
+def test_about_n_rounds_comes_with_its_range():
+    # one run's noise and effect are estimates: near the margin "about N" moved 0.5-2x between runs
+    from commdiag.ab import render
+
+    rng = np.random.default_rng(20)
+    launches = []
+    for r in range(10):
+        for config, e in ((DEFAULT, 0.0), ("arm", math.log(1.05))):
+            launches.append({"config": config, "round": r, "status": "ok",
+                             "values": {"m": 1000 * math.exp(e + rng.normal(0, 0.03))}})
+    (v,) = abv.judge(launches, ["arm"], [("m", "higher")], 0.03)
+    assert v.verdict == abv.INCONCLUSIVE and v.rounds_range is not None
+    lo, hi = v.rounds_range
+    assert lo <= v.rounds_needed and (hi is None or hi >= v.rounds_needed) and (hi is None or hi > lo)
+    text = render._plain(v, 0.03)
+    assert f"about {v.rounds_needed} rounds (likely {lo}-" in text or f"(likely {lo} or more" in text
+    assert v.to_json()["rounds_range"] == [lo, hi]
+
+
 # ---------------------------------------------------------------- bugs (item 5)
 
 def test_an_ab_arm_with_exactly_one_complete_round_is_judged_not_raised():

@@ -386,7 +386,7 @@ def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str]
                 on_plan: Callable[[StagePlan], None] | None = None,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
     """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
-    or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
+    or extend a confirmed one by K rounds (a further look, at half of what the earlier looks left: certify.py)."""
     with runlock.hold(run_dir):
         return _confirm_locked(Path(run_dir), rounds, env, on_progress, on_plan, sampler)
 
@@ -593,7 +593,7 @@ def _check_further_look(run_dir: Path, plan: dict, rounds: int | None) -> None:
                                 f"{max(1, need - total)} to add the rounds the paired test needs "
                                 f"(p <= {thr:.2g})")
         raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
-                            "extend it: a further look is tested at half the previous threshold")
+                            "extend it: a further look is tested at half of what the earlier looks left of the 1%")
     if total + rounds < least:
         raise CommdiagError(f"{run_dir}: --rounds {rounds}: with {total + rounds} rounds in all the paired "
                             f"within-round test cannot reach this look's p <= {thr:.2g} for any claim "
