@@ -134,7 +134,7 @@ def test_any_number_of_further_looks_stays_within_1_percent():
         certify.add_look(plan, 4, f"t{k}")
     looks = [(certify.total_rounds(plan, i + 1), lk["threshold"]) for i, lk in enumerate(plan["looks"])]
     assert sum(t for _, t in looks) * len(TWIN_CLAIMS) <= ALPHA
-    runs = 8000
+    runs = 4000
     rng = np.random.default_rng(2)
     base = rng.normal(0, 0.05, (runs, 2, looks[-1][0]))  # 5% launch noise: the 3% rule rarely stops a claim
     d = [base[:, 1] - base[:, 0] + rng.normal(0, 0.003, base[:, 0].shape) for _ in TWIN_CLAIMS]
@@ -251,6 +251,20 @@ def test_an_ab_arm_that_fails_often_is_not_certified_equivalent():
     assert wilson_upper(eq, runs) <= ALPHA, eq / runs
 
 
+def test_an_ab_arm_failing_a_fifth_of_its_launches_is_not_equivalent():
+    # the literal companion of the simulation above (slow set): identical values, 4 of 20 arm launches
+    # failed; main left those rounds out and called the arm EQUIVALENT
+    launches = []
+    for r in range(20):
+        launches.append({"config": DEFAULT, "round": r, "status": "ok", "values": {"tok_s": 1000.0 + r % 3}})
+        fail = r % 5 == 2
+        launches.append({"config": "arm", "round": r, "status": "failed" if fail else "ok",
+                         "values": None if fail else {"tok_s": 1000.0 + (r + 1) % 3}})
+    (v,) = abv.judge(launches, ["arm"], [("tok_s", "higher")], 0.03)
+    assert v.verdict == abv.INCONCLUSIVE and v.failed == 4 and v.default_failed == 0 and v.rounds == 20
+    assert "failed launches counted as twice the worst value: 4 of arm" in v.note
+
+
 # ---------------------------------------------------------------- coarse metrics (item 4)
 
 def _ab_runs(effect: float, runs: int, seed: int, rounds: int = 20, step: float = 1.0):
@@ -278,6 +292,16 @@ def test_a_metric_coarser_than_a_third_of_min_effect_gets_no_verdict():
     assert all(v.verdict == abv.BETTER and v.resolution is None or v.resolution < 0.01 for v in fine)
 
 
+def test_one_coarse_run_is_inconclusive_and_says_why():
+    # integers around 20 (5% steps), the arm 10% higher in every round: main said BETTER
+    launches = []
+    for r in range(12):
+        launches += [{"config": DEFAULT, "round": r, "status": "ok", "values": {"m": 20 + r % 2}},
+                     {"config": "arm", "round": r, "status": "ok", "values": {"m": 22 + r % 2}}]
+    (v,) = abv.judge(launches, ["arm"], [("m", "higher")], 0.03)
+    assert v.verdict == abv.INCONCLUSIVE and "too coarse for a verdict" in v.note and v.resolution > 0.01
+
+
 def test_resolution_is_read_from_the_values():
     assert abv.resolution([19.0, 20.0, 22.0, 21.0, 20.0, 19.0]) == pytest.approx(1 / 20)
     assert abv.resolution([1287.64, 1290.13, 1301.9, 1279.55, 1288.01, 1293.3]) is None  # finer than the values show
@@ -287,7 +311,7 @@ def test_resolution_is_read_from_the_values():
 
 def test_the_interval_with_ties_and_zeros_is_the_test_inverted():
     rng = np.random.default_rng(16)
-    for _ in range(60):
+    for _ in range(30):
         n = int(rng.integers(8, 16))
         d = np.round(rng.normal(0.01, 0.02, n) / 0.01) * 0.01  # coarse: ties and zeros
         tail = 0.01
