@@ -100,8 +100,8 @@ def by_round(launches: list[dict], config: str, metric: str) -> dict[int, float 
 def resolution(values) -> float | None:
     """The step of a metric's values relative to their median: the smallest gap between distinct values
     when every value lies on that grid (a coarsely printed number), else None (finer than it shows).
-    Fewer than three distinct values: the gap between them if two, infinity if one (no resolution seen);
-    None with fewer than RESOLUTION_MIN_VALUES values."""
+    One distinct value: infinity (every launch the same: nothing to tell arms apart by); two: None (their
+    gap may be the effect itself); None with fewer than RESOLUTION_MIN_VALUES values."""
     import numpy as np
 
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
@@ -111,9 +111,11 @@ def resolution(values) -> float | None:
     v = np.unique(v)
     if v.size == 1:
         return math.inf
+    if v.size == 2:  # two values (each arm constant, say): their gap is the effect, not a step it shows
+        return None
     step = float(np.diff(v).min())
     k = (v - v[0]) / step
-    if v.size == 2 or np.all(np.abs(k - np.round(k)) <= 1e-6 * np.maximum(1.0, k)):
+    if np.all(np.abs(k - np.round(k)) <= 1e-6 * np.maximum(1.0, k)):
         return step / scale
     return None
 
