@@ -39,24 +39,25 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert f"commdiag confirm {out}" in data["verdicts"]["status_note"]  # the real path, not a placeholder
     run = results.load_run_json(out)
     assert run["version"] == results.RUN_FORMAT_VERSION and {l["stage"] for l in run["launches"]} == {1}
-    # stage 2 later: the plan is printed first, then 9 rounds of default + aa (confirm.configs: [aa]; two
-    # two-sided claims, each at p <= 0.005: the paired test's smallest p is 2/2^9 = 0.0039 at 9 rounds)
+    # stage 2 later: the plan is printed first, then 12 rounds of default + aa (confirm.configs: [aa]; two
+    # two-sided claims, each at the first look's p <= 0.0025: the paired test's smallest p is 2/2^10 =
+    # 0.002 at 10 rounds, plus 2 spare)
     proc = run_cli("confirm", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_fits(proc)  # the stage-2 plan, the progress lines, the table and the verdicts
-    assert "stage 2 (confirmation, look 1): 9 fresh rounds x 2 configs = 18 launches" in words(proc.stderr)
-    assert "why 9 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in words(proc.stderr)
+    assert "stage 2 (confirmation, look 1): 12 fresh rounds x 2 configs = 24 launches" in words(proc.stderr)
+    assert "why 12 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in words(proc.stderr)
     assert proc.stderr.index("stage 2 (confirmation") < proc.stderr.index("stage 2 round 1")
     assert max(len(l) for l in proc.stderr.splitlines() + proc.stdout.splitlines()) <= 100
     run = results.load_run_json(out)
     stage2 = [l for l in run["launches"] if l["stage"] == 2]
-    assert len(stage2) == 18 and {l["status"] for l in stage2} == {"ok"}
-    assert sorted(l["round"] for l in stage2) == sorted(list(range(9)) * 2)
-    assert len({l["process"] for l in stage2}) == 9  # reuse_process: one process per round
+    assert len(stage2) == 24 and {l["status"] for l in stage2} == {"ok"}
+    assert sorted(l["round"] for l in stage2) == sorted(list(range(12)) * 2)
+    assert len({l["process"] for l in stage2}) == 12  # reuse_process: one process per round
     assert run["confirmation"]["family_size"] == 2 and run["confirmation"]["test"] == certify.PAIRED_TEST
     assert "confirmation (stage 2): confirmed: 0 of 2 claims certified" in words(proc.stdout)
     assert "aa vs default, decode band (eager): not certified, keep NCCL defaults" in words(proc.stdout)
-    assert "paired signed-rank test over 9 rounds" in words(proc.stdout) and not re.search(r": certified \d", proc.stdout)
+    assert "paired signed-rank test over 12 rounds" in words(proc.stdout) and not re.search(r": certified \d", proc.stdout)
     assert "A/A check: PASS: aa (identical to default)" in words(proc.stdout)
     assert not list(out.glob("profile*.env"))
     # an interruption in stage 2 leaves pending launches: --resume finishes exactly those
@@ -71,7 +72,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     proc = run_cli("sweep", "--resume", out, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = [l for l in results.load_run_json(out)["launches"] if l["stage"] == 2]
-    assert {l["status"] for l in again} == {"ok"} and len(again) == 18
+    assert {l["status"] for l in again} == {"ok"} and len(again) == 24
     assert {l["index"]: l["started_utc"] for l in again[:-2]} == kept  # finished launches were not redone
     v = json.loads(proc.stdout)["verdicts"]
     assert v["status"] == verdict.CONFIRMED and not [c for c in v["certifications"] if c["certified"]]
