@@ -407,7 +407,7 @@ def test_every_single_node_run_draws_a_fresh_seed_and_records_it(tmp_path):
 
 def test_a_multi_node_run_without_a_seed_is_refused_before_any_launch(tmp_path):
     # main derived the seed from the spec: every rerun repeated the same launch order (300 of 300)
-    path = write_spec(tmp_path / "m.yaml", nnodes=2, rdzv_endpoint="127.0.0.1:29400")
+    path = write_spec(tmp_path / "m.yaml", nnodes=2, rdzv_endpoint="127.0.0.1:29400", launch="torchrun")
     out = tmp_path / "run"
     proc = run_cli("sweep", path, "--out", out)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
