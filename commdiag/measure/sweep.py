@@ -161,8 +161,8 @@ def _method(spec: Spec) -> dict:
         method.update(tpstep.method_text(spec))
         return method
     if spec.reuse_process:
-        method["process"] = ("reuse_process: per trial, configs that differ only in "
-                             f"{'/'.join(PER_COMMUNICATOR)} share one torchrun process, each with fresh "
+        method["process"] = ("reuse_process: per trial, when all configs (default included) differ only in "
+                             f"{'/'.join(PER_COMMUNICATOR)}, they share one torchrun process, each with fresh "
                              "communicators created after its variables were set; kept only where every rank's "
                              "NCCL log confirms the values for that run")
     if spec.backend == "gloo":
