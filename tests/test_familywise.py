@@ -306,7 +306,8 @@ def test_resolution_is_read_from_the_values():
     assert abv.resolution([19.0, 20.0, 22.0, 21.0, 20.0, 19.0]) == pytest.approx(1 / 20)
     assert abv.resolution([1287.64, 1290.13, 1301.9, 1279.55, 1288.01, 1293.3]) is None  # finer than the values show
     assert abv.resolution([20.0] * 6) == math.inf and abv.resolution([20.0, 21.0]) is None  # too few to tell
-    assert abv.resolution([100.0] * 8 + [130.0] * 8) is None  # each arm constant: the gap is the effect
+    assert abv.resolution([130.0] * 8, [100.0] * 8) is None  # each arm constant: the gap is the effect
+    assert abv.resolution([20.0, 21.0, 21.0, 20.0], [20.0] * 4) == pytest.approx(1 / 20)  # an arm shows the step
     assert abv.resolution([0.5, 1.0, 1.5, 2.5, 2.5, 0.5]) == pytest.approx(0.5 / 1.25)
 
 

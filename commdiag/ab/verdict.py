@@ -97,21 +97,23 @@ def by_round(launches: list[dict], config: str, metric: str) -> dict[int, float 
     return out
 
 
-def resolution(values) -> float | None:
+def resolution(values, default=None) -> float | None:
     """The step of a metric's values relative to their median: the smallest gap between distinct values
     when every value lies on that grid (a coarsely printed number), else None (finer than it shows).
-    One distinct value: infinity (every launch the same: nothing to tell arms apart by); two: None (their
-    gap may be the effect itself); None with fewer than RESOLUTION_MIN_VALUES values."""
+    One distinct value: infinity (every launch the same: nothing to tell arms apart by); two: their gap,
+    unless each arm (``values`` one arm's, ``default`` the other's) gave a single value, when the gap may
+    be the effect itself (None); None with fewer than RESOLUTION_MIN_VALUES values."""
     import numpy as np
 
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    arms = [[x for x in a if x is not None and math.isfinite(x)] for a in (values, default or [])]
+    v = np.asarray(arms[0] + arms[1], dtype=float)
     if v.size < RESOLUTION_MIN_VALUES:
         return None  # too few values to tell a grid from chance
     scale = float(np.median(np.abs(v))) or 1.0
     v = np.unique(v)
     if v.size == 1:
         return math.inf
-    if v.size == 2:  # two values (each arm constant, say): their gap is the effect, not a step it shows
+    if v.size == 2 and all(len(set(a)) <= 1 for a in arms):  # each arm constant: the gap is the effect
         return None
     step = float(np.diff(v).min())
     k = (v - v[0]) / step
@@ -134,7 +136,8 @@ def judge(launches: list[dict], arms: list[str], metrics: list[tuple[str, str]],
             rounds, dl, _ = paired.with_failures(xs, ys, -1 if better == "higher" else 1)
             d = np.array(dl)
             p = paired.signed_rank_p(d, stats.TWO_SIDED) if len(d) else None
-            res = resolution([math.exp(v) for v in list(xs.values()) + list(ys.values()) if v is not None])
+            res = resolution([math.exp(v) for v in xs.values() if v is not None],
+                             [math.exp(v) for v in ys.values() if v is not None])
             fails = (sum(xs[r] is None for r in rounds), sum(ys[r] is None for r in rounds))
             raw.append((arm, name, better, d, p, res, fails))
     # Holm: the k-th smallest p against alpha / (M - k + 1); stop at the first that fails
