@@ -133,7 +133,7 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     assert run["confirmation"]["rounds_needed"] == 11 and run["confirmation"]["looks"][0]["rounds"] == 0
     assert not [l for l in run["launches"] if l["stage"] == 2]
     data = verdict.evaluate_run(results.load_run(out))
-    assert data.status == verdict.NOT_CERTIFIABLE and "--rounds 8" in data.status_note
+    assert data.status == verdict.NOT_CERTIFIABLE and "--rounds 9" in data.status_note
     assert all(not c.certified for c in data.certifications)
     proc = run_cli("report", out)
     assert proc.returncode == 0 and "comm share" in proc.stdout and "not certifiable with this plan" in proc.stdout
