@@ -334,9 +334,9 @@ def _ab_progress(p) -> str:
 @main.command("confirm", short_help="Stage 2 of a run: confirm its candidates on fresh launches.")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--rounds", type=click.IntRange(3, 200), default=None,
-              help="Rounds of stage 2 (default: the fewest at which the paired test can certify every claim). "
-                   "On a confirmed run: add this many rounds (a further look, tested at half the previous "
-                   "threshold).")
+              help="Rounds of stage 2 (default: the fewest at which the paired test can certify every claim, "
+                   "plus 2 spare). On a confirmed run: add this many rounds (a further look, tested at half of "
+                   "what the earlier looks left of the 1%).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 def confirm_cmd(run_dir, rounds, as_json):
     """Stage 2 on an existing run: confirm the screening's candidates on fresh launches (or finish or extend it)."""

@@ -180,6 +180,12 @@ SLOW = (
     # a real 2-launch sweep (7-9 s) for one equivalence: run_sweep() from Python publishes what the CLI
     # does (every CLI sweep test in the README's set already publishes through the library)
     "test_run_folder_engine.py::test_run_sweep_from_python_publishes",
+    # issue 37's Wilson-bound simulations that need the whole claim function per run (400-600 runs of
+    # certify.test_claim or ab's judge, 3-5 s each); their literal companions stay in the README's set
+    "test_familywise.py::test_a_first_run_in_a_process_effect_never_certifies_a_twin",
+    "test_familywise.py::test_a_config_whose_slow_launches_time_out_is_not_certified_faster",
+    "test_familywise.py::test_an_ab_arm_that_fails_often_is_not_certified_equivalent",
+    "test_familywise.py::test_a_metric_coarser_than_a_third_of_min_effect_gets_no_verdict",
     # the real Slurm cluster (tests/cluster/slurm-2node.sh up 3): every launch an srun step importing
     # torch on each node, 1-4 min a test; and the slow-node check's A/A simulation (6 noise models x
     # 300 fleets x 2000 permutation draws, about 10 s a model)

@@ -50,7 +50,7 @@ def check_confirm_rounds(spec: Spec, certify_sizes: bool) -> None:
     fewest, _, alt = spec_families(spec)
     if not fewest:
         return
-    thr = (stats.ALPHA / 2 if certify_sizes else stats.ALPHA) / fewest
+    thr = certify.threshold(stats.ALPHA / 2 if certify_sizes else stats.ALPHA, fewest)
     if paired.smallest_p(spec.confirm_rounds, alt) > thr:
         from ..errors import SpecError
 
@@ -79,7 +79,7 @@ def start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
                      + (f"; fell back earlier in this run: {how['fallback']}" if how.get("fallback") else ""))
     if spec.confirm_rounds and then:
         _, most, _ = spec_families(spec)
-        thr = (stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA) / max(most, 1)
+        thr = certify.threshold(stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA, max(most, 1))
         if most and paired.smallest_p(spec.confirm_rounds, TWO_SIDED if spec.confirm_configs else LESS) > thr:
             lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
                          f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
@@ -136,6 +136,10 @@ def check_further_look(run_dir: Path, plan: dict, rounds: int | None) -> None:
     claims = certify.claims_of(plan)
     total = certify.total_rounds(plan)
     thr = certify.next_threshold(plan)
+    if thr <= 0:
+        raise CommdiagError(f"{run_dir}: its first look spent the whole {plan.get('alpha', stats.ALPHA):.0%} "
+                            "(confirmed before looks spent alpha/2, alpha/4, ...): a further look would take the "
+                            "run's chance of a false certification beyond it; run the spec afresh instead")
     need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
     least = min(paired.rounds_to_reach(thr, c.alternative) for c in claims)
     if rounds is None:
@@ -144,7 +148,7 @@ def check_further_look(run_dir: Path, plan: dict, rounds: int | None) -> None:
                                 f"{max(1, need - total)} to add the rounds the paired test needs "
                                 f"(p <= {thr:.2g})")
         raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
-                            "extend it: a further look is tested at half the previous threshold")
+                            "extend it: a further look is tested at half of what the earlier looks left of the 1%")
     if total + rounds < least:
         raise CommdiagError(f"{run_dir}: --rounds {rounds}: with {total + rounds} rounds in all the paired "
                             f"within-round test cannot reach this look's p <= {thr:.2g} for any claim "
@@ -184,10 +188,10 @@ def confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
             lines.append(f"  not certifiable with this plan: {', '.join(sorted({c.config for c in cannot}))} "
                          f"(tested either way) would need {need} rounds; not launched")
     if look["look"] > 1:
-        spent = len(claims) * sum(lk["threshold"] for i, lk in enumerate(plan["looks"])
-                                  if certify.look_spent(plan, i + 1))
-        lines.append(f"  a further look at the same claims: the run's family-wise error rate is now at most "
-                     f"{spent:.2%} (each look that could certify spends its threshold x {len(claims)} claims)")
+        spent = certify.alpha_spent(plan)
+        lines.append(f"  a further look at the same claims: the looks have spent {spent:.2%} of the run's "
+                     f"{plan.get('alpha', stats.ALPHA):.0%} (each spends half of what is left: any number of "
+                     "looks stays within it)")
     for c in claims:
         scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
         lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "

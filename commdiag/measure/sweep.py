@@ -25,7 +25,6 @@ import importlib.machinery
 import importlib.util
 import os
 import random
-import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -109,11 +108,26 @@ def _preflight_slurm(spec: Spec, nproc: int | None) -> int:
 
 
 def _seed(spec: Spec) -> int:
+    """The launch order's seed: the spec's, else a fresh one per run (a rerun must not repeat the order
+    that may have favoured a config by luck).  Multi-node torchrun runs cannot draw one on each node (every
+    node must run the same order), so they need it in the spec (``_check_seed``)."""
     if spec.seed is not None:
         return spec.seed
-    if spec.nnodes > 1 and spec.launch == "torchrun":  # a commdiag per node: each must draw the same order
-        return zlib.crc32(repr(spec.to_json()).encode())
+    _check_seed(spec)
     return random.SystemRandom().randrange(2**31)
+
+
+def _check_seed(spec: Spec) -> None:
+    """Before any launch: a multi-node torchrun spec (a commdiag on every node) names its seed, the same on
+    every node and a new one per run; launch: slurm runs one commdiag for all nodes, which draws it."""
+    if spec.nnodes > 1 and spec.launch == "torchrun" and spec.seed is None:
+        from ..errors import SpecError
+
+        fresh = random.SystemRandom().randrange(2**31)
+        raise SpecError(spec.path, "seed", f"required when nnodes > 1: every node must run the same launch order, "
+                                           "and a seed derived from the spec would repeat it in every rerun; give "
+                                           f"the same fresh one on every node, e.g. --set seed={fresh} (drawn now), "
+                                           "and a new one for each run")
 
 
 def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict[str, str], str]:
@@ -137,8 +151,8 @@ def _method(spec: Spec) -> dict:
         method.update(tpstep.method_text(spec))
         return method
     if spec.reuse_process:
-        method["process"] = ("reuse_process: per trial, configs that differ only in "
-                             f"{'/'.join(PER_COMMUNICATOR)} share one torchrun process, each with fresh "
+        method["process"] = ("reuse_process: per trial, when all configs (default included) differ only in "
+                             f"{'/'.join(PER_COMMUNICATOR)}, they share one torchrun process, each with fresh "
                              "communicators created after its variables were set; kept only where every rank's "
                              "NCCL log confirms the values for that run")
     if spec.backend == "gloo":
@@ -168,18 +182,27 @@ def _count_text(spec: Spec) -> str:
             f"{spec.iters}; calibrated in the launch from its warmup)")
 
 
+def _reuse_warning(spec: Spec) -> list[str]:
+    if not spec.reuse_process or reuse_shared(spec):
+        return []
+    return [f"reuse_process: every launch runs in its own process: the configs do not all differ only in "
+            f"{'/'.join(PER_COMMUNICATOR)} (default included), and sharing a process among some of them would "
+            "make the first run in a process (first communicator, first kernels) theirs, not the shuffle's"]
+
+
 def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
     seed = _seed(spec)
     order = launch_order(spec, seed)
     return {
         **runner.head(results.RUN_FORMAT, results.RUN_FORMAT_VERSION, spec),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
+        "seed_source": "spec" if spec.seed is not None else "drawn",
         "method": _method(spec),
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
         "launches": [{"index": l.index, "config": l.config, "trial": l.trial, "stage": 1, "status": results.PENDING}
                      for l in order],
         "fingerprint": {"launcher": metadata.collect_host(), **_nvml_fingerprint(spec)},
-        "warnings": list(spec.warnings),
+        "warnings": list(spec.warnings) + _reuse_warning(spec),
         "launch": _launch_record(spec),
     }
 
@@ -326,6 +349,7 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
     else:
         assert spec is not None
         _check_reuse(spec, base_env)
+        _check_seed(spec)
         if confirm:
             stages.check_confirm_rounds(spec, certify_sizes)
         nproc = preflight(spec)
@@ -352,7 +376,7 @@ def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str]
                 on_plan: Callable[[stages.StagePlan], None] | None = None, publish: bool = True,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
     """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
-    or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
+    or extend a confirmed one by K rounds (a further look, at half of what the earlier looks left: certify.py)."""
     base_env = dict(os.environ if env is None else env)
     with runner.opened(run_dir, load=results.load_run_json, save=results.save_run) as folder:
         _reap_slurm(folder.run)
@@ -473,20 +497,40 @@ def _check_reuse(spec: Spec, base_env: dict) -> None:
 
 def process_batches(launches: list[dict], configs: dict[str, dict], reuse: bool) -> list[list[dict]]:
     """The launches each torchrun process runs, in launch order: one each (the default), or with
-    reuse_process every launch of one trial round whose configs differ only in PER_COMMUNICATOR
-    variables (each then gets its own communicators inside the shared process)."""
+    reuse_process every launch of one trial round, when all its configs, default included, differ only
+    in PER_COMMUNICATOR variables (each then gets its own communicators inside the shared process).
+
+    All or none: a round whose configs cannot all share one process runs every launch in its own.
+    Batching only some would put a config that sets anything else first in a fresh process every time,
+    while default is first only sometimes: a first-run-in-a-process effect (the first communicator and
+    kernels) would then be the config's, and a twin was certified in 8.8-63% of simulated runs.  In one
+    shared process the round's shuffled order decides who runs first, a fair coin as the test needs."""
     if not reuse:
         return [[l] for l in launches]
     batches: list[list[dict]] = []
-    by_key: dict[tuple, list[dict]] = {}
+    by_trial: dict[int, list[dict]] = {}
     for l in launches:
-        fixed = tuple(sorted((k, v) for k, v in configs[l["config"]]["env"].items() if k not in PER_COMMUNICATOR))
-        key = (l["trial"], fixed)
-        if key not in by_key:
-            by_key[key] = []
-            batches.append(by_key[key])
-        by_key[key].append(l)
-    return batches
+        if l["trial"] not in by_trial:
+            by_trial[l["trial"]] = []
+            batches.append(by_trial[l["trial"]])
+        by_trial[l["trial"]].append(l)
+    out: list[list[dict]] = []
+    for batch in batches:
+        if len({process_key(configs[l["config"]]["env"]) for l in batch}) == 1:
+            out.append(batch)
+        else:
+            out += [[l] for l in batch]
+    return out
+
+
+def process_key(env: dict) -> tuple:
+    """What a shared process fixes: every variable but PER_COMMUNICATOR."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_COMMUNICATOR))
+
+
+def reuse_shared(spec: Spec) -> bool:
+    """Can reuse_process share anything: do all configs, default included, differ only in PER_COMMUNICATOR?"""
+    return len({process_key(c.env) for c in spec.configs}) == 1
 
 
 def _one_process(spec: Spec, run_folder: runner.Folder, batch: list[dict], configs: dict[str, dict],
