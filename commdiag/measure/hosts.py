@@ -244,6 +244,54 @@ def preflight(spec) -> int:
     return nproc
 
 
+CHECK_DEADLINE_S = 60.0  # one short python per host, at once (an ssh connection each)
+
+
+def check_line(run_dir: Path) -> str:
+    """On a host: the run folder is there (the same one: its run.json), and this Python imports this
+    commdiag; prints the host's own name."""
+    where = shlex.quote(str(run_dir))
+    not_here = shlex.quote(f"commdiag: the run folder {run_dir} (with its run.json) is not seen on this host: "
+                           "the run folder must be on a path every host sees (--out /shared/...)")
+    argv = module_argv("commdiag.measure.hosts", ["--check"])
+    return (f"{{ cd -- {where} && [ -f run.json ]; }} 2>/dev/null || {{ echo {not_here} >&2; exit 97; }}; "
+            f"exec env -i {shlex.join([f'PYTHONPATH={PACKAGE_PARENT}', *argv])}")
+
+
+def check(spec, run_dir: Path, base_env: dict[str, str]) -> list[dict]:
+    """Before the first launch: node_command reaches every host, each sees the run folder and runs this
+    Python with commdiag; one clear error naming the host otherwise (not one failed launch per config).
+    Returns each host's own name (run.json ``launch.hosts.checked``)."""
+    env = local_env(base_env)
+    targets = list(enumerate(spec.hosts[:spec.nnodes]))
+    started = []
+    for i, host in targets:
+        argv = node_argv(spec.node_command, host, i, check_line(Path(os.path.abspath(run_dir))))
+        try:
+            started.append(procs.start(argv, env=env, cwd="/", stdout=procs.PIPE, stderr=procs.PIPE))
+        except OSError as e:
+            raise CommdiagError(f"{spec.path}: node_command for host {host} (node {i}) did not start: "
+                                f"{argv[0]}: {e.strerror or e}") from None
+    answers, problems = [], []
+    for (i, host), group in zip(targets, started):
+        end = procs.finish(group, deadline_s=CHECK_DEADLINE_S)
+        out = end.stdout.decode(errors="replace")
+        name = next((w.split("=", 1)[1] for w in out.split() if w.startswith("commdiag-host=")), None)
+        if end.exit_code == 0 and name:
+            answers.append({"host": host, "index": i, "hostname": name})
+            continue
+        said = (end.stderr.decode(errors="replace").strip() or out.strip())[-400:]
+        how = (f"no answer within {CHECK_DEADLINE_S:g} s" if end.timed_out else f"exit {end.exit_code}")
+        problems.append(f"host {host} (node {i}): {how}" + (f": {said}" if said else ""))
+    if problems:
+        shown = shlex.join(node_argv(spec.node_command, spec.hosts[0], 0, "COMMAND-LINE"))
+        raise CommdiagError(f"{spec.path}: node_command could not run commdiag's check on every host "
+                            f"({shown}): " + "; ".join(problems) + ". Each host needs the same Python, with "
+                            "commdiag and torch, at the same path, and the run folder on a path it sees "
+                            "(docs/multinode.md)")
+    return answers
+
+
 def reap_pending(run: dict, env: dict[str, str]) -> int:
     """Before a resume reruns a launch: end, on every host, what a killed commdiag left of its pending
     launches (by marker)."""
@@ -256,11 +304,17 @@ def reap_pending(run: dict, env: dict[str, str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m commdiag.measure.hosts --reap MARKER``: the reaper on one host."""
+    """``python -m commdiag.measure.hosts --reap MARKER``: the reaper on one host; ``--check``: the
+    check before a run's first launch."""
     if len(argv) == 2 and argv[0] == "--reap":
         print(f"reaped={launcher.kill_marked(argv[1], procs.KILL_GRACE_S)}", flush=True)
         return 0
-    print("usage: python -m commdiag.measure.hosts --reap MARKER", file=sys.stderr)
+    if argv == ["--check"]:  # check_line: this host runs this commdiag; its own name
+        import socket
+
+        print(f"commdiag-host={socket.gethostname()} python={sys.version.split()[0]}", flush=True)
+        return 0
+    print("usage: python -m commdiag.measure.hosts --reap MARKER | --check", file=sys.stderr)
     return 2
 
 

@@ -243,6 +243,10 @@ class Starter:
         if run.get("launch", {}).get("fallback"):  # refused earlier in this run: stays off
             self.method = "torchrun"
         self.pool: serverpool.ServerPool | None = None
+        if spec.hosts and any(l["status"] == results.PENDING for l in run["launches"]):
+            # node_command reaches every host, which sees the run folder: one error, not a failed launch each
+            checked = hosts.check(spec, run_dir, base_env)
+            run.setdefault("launch", _launch_record(spec)).setdefault("hosts", hosts.record(spec))["checked"] = checked
 
     def launch(self, folder: Path, plan: dict, *, index: int, config_env: dict, extra_env: dict,
                deadline_s: float, rdzv_id: str, mark: Callable[[str], None]) -> tuple[launcher.LaunchOutcome, str, str]:
