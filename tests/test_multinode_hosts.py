@@ -162,3 +162,21 @@ def test_preflight_names_what_a_multinode_torchrun_spec_lacks(tmp_path):
     bare = {**missing.to_json(), "hosts": (), "node_command": (), "rdzv_endpoint": None}
     with pytest.raises(CommdiagError, match="hosts.*node_command"):
         sweep.preflight(Spec.from_json(bare))
+
+
+def test_node_command_line_is_one_quoted_shell_argument():
+    """The remote command line survives a shell word for word: values with spaces, quotes, $ and
+    newlines arrive as they were (run through a real sh, as ssh's remote side does)."""
+    from commdiag.measure import hosts
+
+    env = {"A": "two words", "B": "it's $HOME `x`\nline2", "COMMDIAG_LAUNCH_ID": "m"}
+    line = hosts.shell_line([sys.executable, "-c", "import os,json;print(json.dumps(dict(os.environ)))"], env, "/")
+    argv = hosts.node_argv(["sh", "-c", "exec sh -c \"$1\"", "{host}-{index}"], "h", 1, line)
+    assert argv[3] == "h-1"
+    seen = __import__("json").loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    seen.pop("LC_CTYPE", None)  # set by Python itself (PEP 538 locale coercion)
+    assert seen == env  # env -i: exactly the launch's environment, nothing of this shell's
+    line = hosts.shell_line([sys.executable, "-c", "import os;print(os.environ.get('PWD'), os.getcwd())"],
+                            {"PWD": "/elsewhere", "HOSTNAME": "here"}, "/tmp")
+    assert subprocess.run(["sh", "-c", line], capture_output=True, text=True).stdout.split() == ["None", "/tmp"]
+    assert hosts.rdzv_host("root@node1") == "node1"

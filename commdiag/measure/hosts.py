@@ -62,9 +62,14 @@ def rdzv_host(host: str) -> str:
     return host.rpartition("@")[2]
 
 
+# What says where a shell is, not what a launch is: this host's values would be wrong on another one.
+HERE_ONLY = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "HOSTNAME"})
+
+
 def shell_line(argv: list[str], env: dict[str, str], cwd: str) -> str:
     """``cd -- CWD && exec env -i NAME=VALUE ... ARGV``, every word quoted for a POSIX shell."""
-    assigns = [f"{k}={v}" for k, v in sorted(env.items()) if k and "=" not in k and not k.startswith("-")]
+    assigns = [f"{k}={v}" for k, v in sorted(env.items())
+               if k and "=" not in k and not k.startswith("-") and k not in HERE_ONLY]
     return f"cd -- {shlex.quote(cwd)} && exec env -i {shlex.join(assigns + list(argv))}"
 
 
