@@ -182,7 +182,7 @@ SLOW = (
     # 300 fleets x 2000 permutation draws, about 10 s a model)
     "test_multinode.py::",
     # torchrun across hosts through node_command on the same cluster's namespaces (no Slurm): a sweep
-    # of two launches, a hung one waiting out its 30-s deadline (1-3 min each, an import of torch per
+    # of two launches, a hung one waiting out its 90-s deadline (1-3 min each, an import of torch per
     # host and launch), and the CLI's error for a missing node_command program (a CLI start, 4 s)
     "test_multinode_hosts.py::test_a_sweep_across_two_hosts_through_node_command",
     "test_multinode_hosts.py::test_a_hung_rank_on_host_two_is_killed_at_the_deadline",

@@ -103,7 +103,8 @@ def test_a_hung_rank_on_host_two_is_killed_at_the_deadline(nodes, tmp_path):
     """Rank 1 (host 2) hangs and leaves a detached grandchild in a session of its own: at the deadline
     every agent is stopped and the reaper, through node_command, ends the grandchild; nothing is left."""
     out = tmp_path / "run"
-    spec = hosts_spec(tmp_path, timeout_s=30, configs={
+    # 90 s: a healthy launch takes 50-70 s on this project's 2 loaded cores (two imports of torch)
+    spec = hosts_spec(tmp_path, timeout_s=90, configs={
         "hung": {"COMMDIAG_TEST_FAULT": "hang-detached", "COMMDIAG_TEST_FAULT_RANK": "1"}})
     proc = cli("sweep", spec, "--out", out, "--no-confirm")
     assert proc.returncode == 3, proc.stdout + proc.stderr  # the sweep finished; a launch failed

@@ -164,15 +164,17 @@ def run_agents(argvs, hosts, env: dict[str, str], folder: Path, deadline_s: floa
 
 def _stop_all(groups: list[procs.Group]) -> list[str | None]:
     """SIGTERM to every group at once, then each one's ladder (SIGKILL last); a second Ctrl-C kills."""
-    for g in groups:
-        if g.poll() is None:
+    running = [g.poll() is None for g in groups]
+    for g, alive in zip(groups, running):
+        if alive:
             g.signal_group(signal.SIGTERM)
     how = []
-    for g in groups:
+    for g, alive in zip(groups, running):
         try:
-            how.append(g.stop(((signal.SIGTERM, procs.KILL_GRACE_S),), sweep=False).signal)
+            ended = g.stop(((signal.SIGTERM, procs.KILL_GRACE_S),), sweep=False).signal
         except KeyboardInterrupt:
-            how.append(g.stop((), sweep=False).signal)
+            ended = g.stop((), sweep=False).signal
+        how.append(ended or ("SIGTERM" if alive else None))  # it may have exited on the first SIGTERM
     return how
 
 
@@ -182,7 +184,8 @@ def _summary(folder, hosts, codes, stopped, first_failed, timed_out, interrupted
     for i, host in enumerate(hosts):
         code = codes[i] if i < len(codes) else None
         how = stopped[i] if i < len(stopped) else None
-        what = "did not start" if i >= len(codes) else (f"stopped by commdiag ({how})" if how else f"exit {code}")
+        what = ("did not start" if i >= len(codes) else
+                f"stopped by commdiag ({how}; exit {code})" if how else f"exit {code}")
         lines.append(f"node {i} host {host}: {what}{' -- ended the launch' if i == first_failed else ''}"
                      f" (log {agent_log(i)})")
     if timed_out:
