@@ -118,6 +118,39 @@ def test_a_hung_rank_on_host_two_is_killed_at_the_deadline(nodes, tmp_path):
     assert marked_anywhere(run) == []
 
 
+def test_ctrl_c_leaves_nothing_on_any_host_and_resume_finishes(nodes, tmp_path):
+    """Ctrl-C after the first launch: the launch in flight is pending again and nothing of it is left on
+    either host; --resume checks the hosts again and finishes the run."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    spec = hosts_spec(tmp_path, trials=3)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out", str(out), "--no-confirm"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if any(l["status"] == "ok" for l in read_run(out)["launches"]):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    time.sleep(3)  # the next launch's agents are starting on both hosts
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    run = read_run(out)
+    assert any(l["status"] == "pending" for l in run["launches"]), err
+    assert marked_anywhere(run) == []
+    done = cli("sweep", "--resume", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = read_run(out)
+    assert run["state"] == "complete" and {l["status"] for l in run["launches"]} == {"ok"}
+    assert marked_anywhere(run) == []
+
+
 def test_a_node_command_that_cannot_start_is_one_clear_error(tmp_path):
     """A missing program: one error naming the spec and node_command, before any launch, no traceback."""
     out = tmp_path / "run"
