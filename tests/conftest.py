@@ -190,6 +190,15 @@ SLOW = (
     # torch on each node, 1-4 min a test; and the slow-node check's A/A simulation (6 noise models x
     # 300 fleets x 2000 permutation draws, about 10 s a model)
     "test_multinode.py::",
+    # torchrun across hosts through node_command on the same cluster's namespaces (no Slurm): a sweep
+    # of two launches, a hung one waiting out its 90-s deadline, Ctrl-C and resume (1-3 min each, an
+    # import of torch per host and launch), and the CLI's errors for a node_command that cannot start
+    # or cannot run commdiag (a CLI start each, 4 s)
+    "test_multinode_hosts.py::test_a_sweep_across_two_hosts_through_node_command",
+    "test_multinode_hosts.py::test_a_hung_rank_on_host_two_is_killed_at_the_deadline",
+    "test_multinode_hosts.py::test_ctrl_c_leaves_nothing_on_any_host_and_resume_finishes",
+    "test_multinode_hosts.py::test_a_node_command_that_cannot_start_is_one_clear_error",
+    "test_multinode_hosts.py::test_a_host_that_cannot_run_commdiag_is_one_clear_error_before_any_launch",
     "test_nodeverdict.py::test_an_aa_fleet_names_nobody",
 )
 

@@ -30,7 +30,7 @@ from typing import Callable
 
 from .. import atomic, metadata
 from ..analyse import verdict
-from . import launcher, machinestate, runner, serverpool, slurm, stages
+from . import hosts, launcher, machinestate, runner, serverpool, slurm, stages
 from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
@@ -65,6 +65,8 @@ def preflight(spec: Spec) -> int:
     nproc = spec.nproc_per_node
     if spec.launch == "slurm":  # the ranks run on the allocation's nodes, not on this one
         return _preflight_slurm(spec, nproc)
+    if spec.hosts:  # one torchrun agent per host, through the spec's node_command (measure/hosts.py)
+        return hosts.preflight(spec)
     if spec.nnodes > 1 and spec.launch == "torchrun" and not spec.rdzv_endpoint:
         raise CommdiagError(slurm.not_in_allocation_text(spec.nnodes))
     if spec.backend == "nccl":
@@ -120,7 +122,7 @@ def _seed(spec: Spec) -> int:
 def _check_seed(spec: Spec) -> None:
     """Before any launch: a multi-node torchrun spec (a commdiag on every node) names its seed, the same on
     every node and a new one per run; launch: slurm runs one commdiag for all nodes, which draws it."""
-    if spec.nnodes > 1 and spec.launch == "torchrun" and spec.seed is None:
+    if spec.nnodes > 1 and spec.launch == "torchrun" and not spec.hosts and spec.seed is None:
         from ..errors import SpecError
 
         fresh = random.SystemRandom().randrange(2**31)
@@ -145,7 +147,7 @@ def _method(spec: Spec) -> dict:
     """How this run measures, in words: stored in run.json, shown by the report, compared by compare."""
     method = {"combine_ranks": "per iteration, the max over ranks"}
     how, why = launch_method(spec)
-    method["launch"] = LAUNCH_TEXT[how] + (f" ({why})" if why else "")
+    method["launch"] = (hosts.METHOD_TEXT if spec.hosts else LAUNCH_TEXT[how]) + (f" ({why})" if why else "")
     if spec.model:
         from . import tpstep
         method.update(tpstep.method_text(spec))
@@ -233,6 +235,8 @@ def _launch_record(spec: Spec) -> dict:
     record = {"requested": spec.launch, "method": how, **({"note": why} if why else {})}
     if how == "slurm":
         record["slurm"] = slurm.allocation().to_json()
+    if spec.hosts:
+        record["hosts"] = hosts.record(spec)
     return record
 
 
@@ -249,6 +253,10 @@ class Starter:
         if run.get("launch", {}).get("fallback"):  # refused earlier in this run: stays off
             self.method = "torchrun"
         self.pool: serverpool.ServerPool | None = None
+        if spec.hosts and any(l["status"] == results.PENDING for l in run["launches"]):
+            # node_command reaches every host, which sees the run folder: one error, not a failed launch each
+            checked = hosts.check(spec, run_dir, base_env)
+            run.setdefault("launch", _launch_record(spec)).setdefault("hosts", hosts.record(spec))["checked"] = checked
 
     def launch(self, folder: Path, plan: dict, *, index: int, config_env: dict, extra_env: dict,
                deadline_s: float, rdzv_id: str, mark: Callable[[str], None]) -> tuple[launcher.LaunchOutcome, str, str]:
@@ -288,6 +296,12 @@ class Starter:
                 self._fall_back(str(e))
         marker = launcher.new_marker()
         mark(marker)
+        if self.spec.hosts:  # one agent per host through the user's node_command
+            outcome = hosts.launch_worker(
+                folder, plan, hosts=self.spec.hosts, node_command=self.spec.node_command, base_env=self.base_env,
+                config_env=config_env, extra_env=extra_env, nproc=self.run["nproc_per_node"],
+                nnodes=self.spec.nnodes, rdzv_endpoint=self.spec.rdzv_endpoint, deadline_s=deadline_s, marker=marker)
+            return outcome, marker, "torchrun"
         outcome, marker = launcher.launch_worker(
             folder, plan, base_env=self.base_env, config_env=config_env, extra_env=extra_env,
             nproc=self.run["nproc_per_node"], nnodes=self.spec.nnodes, rdzv_endpoint=self.spec.rdzv_endpoint,
@@ -398,6 +412,10 @@ def _reap_slurm(run: dict) -> None:
             if found:
                 run.setdefault("warnings", []).append(
                     f"ended {found} process(es) of launch marker {marker[:12]} left on the allocation's nodes")
+    if record.get("hosts") and run["spec"].get("hosts"):  # the agents ran on the spec's hosts
+        found = hosts.reap_pending(run, dict(os.environ))
+        if found:
+            run.setdefault("warnings", []).append(f"ended {found} process(es) left on the hosts by an earlier commdiag")
 
 
 def _publish(res: SweepResult, base_env: dict, explain: bool, publish: bool) -> SweepResult:
@@ -718,7 +736,8 @@ def _tail(folder: Path, max_ranks: int = 4) -> str:
         parts.append(f"--- {err.name} ---\n{_clip(err.read_text(errors='replace'), 0, TAIL_CHARS // 2)}")
     if len(errors) > max_ranks:
         parts.append(f"--- and {len(errors) - max_ranks} more rank*.error.txt in {folder} ---")
-    for name in ("torchrun.log", serverpool.LOG_NAME):  # a launch's log under either method
+    names = ["torchrun.log", *sorted(p.name for p in folder.glob("torchrun.node*.log")), serverpool.LOG_NAME]
+    for name in names:  # a launch's log under any method (hosts: commdiag's summary, then each agent's)
         log = folder / name
         if log.exists() and log.stat().st_size:
             parts.append(f"--- {name} ---\n{_clip(log.read_text(errors='replace'), TAIL_CHARS // 2, TAIL_CHARS)}")
