@@ -40,10 +40,10 @@ REPLAY_STREAMS = ("side", "default")
 # ``slurm``: each launch is one srun job step over the allocation's nodes (measure/slurm.py); the
 # default when nnodes > 1 (docs/multinode.md).
 LAUNCH_METHODS = ("forkserver", "torchrun", "slurm")
-# nccl stays on torchrun until the fork server's 2-GPU A/A against it (benchmarks/gpu_forkserver.sh) is
-# recorded: proof 1 (NCCL's own ENV/INIT lines) passed on one GPU, the equivalence of the measurements
-# needs two (docs/launch-methods.md, "Which is the default").
-DEFAULT_LAUNCH = {"gloo": "forkserver", "nccl": "torchrun"}
+# nccl too since 2026-12-04: proof 1 (NCCL's own ENV/INIT lines), the import-time proof on CUDA torch and
+# proof 2 on two NCCL ranks of one GPU (benchmarks/README.md) passed; the 2-GPU form of proof 2 is still
+# to run (docs/launch-methods.md, "Which is the default").
+DEFAULT_LAUNCH = {"gloo": "forkserver", "nccl": "forkserver"}
 DEFAULT_CONFIG = "default"
 # Size bands for verdicts (tokens, inclusive); null = unbounded.  Decode steps and
 # speculative verify steps send 1..64 tokens, prefill chunks 256 and more.
