@@ -1,0 +1,55 @@
+"""What a new user meets (issue #36): output that never claims more than it measured, and says how
+much it left out.  Real CLI subprocesses over real run folders (a recorded cpu-smoke sweep)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from conftest import REPO, run_cli, words
+
+RUNS = REPO / "tests" / "fixtures" / "runs"
+
+
+def copy_run(tmp_path, name="cpu-smoke"):
+    dst = tmp_path / name
+    shutil.copytree(RUNS / name, dst)
+    return dst
+
+
+def test_aa_headline_claims_stage_2_only_for_the_twin_stage_2_tested(tmp_path):
+    # cpu-smoke under gloo: seed and simple are twins of default; only simple was a stage-2 claim
+    proc = run_cli("report", copy_run(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    out = words(proc.stdout)
+    assert ("A/A check: PASS: seed, simple, identical to default under gloo (gloo never loads NCCL): simple "
+            "tested in stage 2 and not certified; seed not tested in stage 2 (not a claim)") in out
+
+
+def test_default_is_never_listed_as_not_a_stage_2_claim(tmp_path):
+    # a sweep stopped in stage 2 before default's first stage-2 launch: default is still the reference
+    import json
+
+    from commdiag.cli import render_table
+    from commdiag.formats import results
+    run = copy_run(tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    gone = {l["index"] for l in meta["launches"] if l.get("stage") == 2 and l["config"] == "default"}
+    meta["launches"] = [l for l in meta["launches"] if l["index"] not in gone]
+    (run / "run.json").write_text(json.dumps(meta))
+    rows = (run / "samples.csv").read_text().splitlines(keepends=True)
+    col = rows[0].split(",").index("launch")
+    (run / "samples.csv").write_text("".join(rows[:1] + [r for r in rows[1:] if int(r.split(",")[col]) not in gone]))
+    table = words(render_table(results.load_run(run)))
+    assert "note: seed: screening launches only (not a stage-2 claim)" in table
+    assert "default" not in table.split("note: seed:")[0].split("note:")[-1] and "default, seed" not in table
+
+
+def test_the_test_command_says_how_many_slow_tests_it_left_out():
+    # the README's test command (xdist workers, -m 'not slow') over one file: its one slow test is counted
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+                           "tests/test_report.py", "-k", "large_report_stays_lean"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "NOTE: 1 slow test left out (tests/conftest.py SLOW); `pytest -m slow` runs them" in proc.stdout, proc.stdout
+    assert all(len(l) <= 100 for l in proc.stdout.splitlines() if l.startswith("NOTE"))
