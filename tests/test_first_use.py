@@ -53,3 +53,25 @@ def test_the_test_command_says_how_many_slow_tests_it_left_out():
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert "NOTE: 1 slow test left out (tests/conftest.py SLOW); `pytest -m slow` runs them" in proc.stdout, proc.stdout
     assert all(len(l) <= 100 for l in proc.stdout.splitlines() if l.startswith("NOTE"))
+
+
+def test_a_sweep_spec_with_empty_configs_is_refused_before_any_work(tmp_path):
+    spec = (REPO / "sweeps" / "cpu-smoke.yaml").read_text().split("\nconfigs:", 1)[0] + "\nconfigs: {}\n"
+    (tmp_path / "s.yaml").write_text(spec)
+    proc = run_cli("sweep", tmp_path / "s.yaml", "--out", tmp_path / "run")
+    assert proc.returncode == 2 and not (tmp_path / "run").exists()
+    assert words(proc.stderr).startswith(f"commdiag: error: {tmp_path / 's.yaml'}: configs: empty: give at least "
+                                         "one config besides default"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_ab_spec_whose_program_is_missing_is_refused_naming_the_field_before_a_folder(tmp_path):
+    toy = (REPO / "ab" / "cpu-toy.yaml").read_text()
+    for field, spec in (("command[0]", toy.replace('command: ["{python}", -m, commdiag.ab.toy, client',
+                                                   'command: [no-such-bench, client')),
+                        ("server.command[0]", toy.replace('  command: ["{python}", -m, commdiag.ab.toy, server',
+                                                          '  command: [/nonexistent/server')),):
+        (tmp_path / "ab.yaml").write_text(spec)
+        proc = run_cli("ab", tmp_path / "ab.yaml", "--out", tmp_path / "run")
+        assert proc.returncode == 2 and not (tmp_path / "run").exists(), proc.stderr
+        assert f"ab.yaml: {field}: " in words(proc.stderr) and "--debug" not in proc.stderr, proc.stderr

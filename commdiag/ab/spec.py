@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,9 +140,25 @@ def load(path: str | Path, overrides=()) -> AbSpec:
         raise
 
 
+def _check_program(path, fld: str, argv: tuple[str, ...]) -> None:
+    """The program a command starts must exist before a run folder is made for it: a typo'd or missing
+    benchmark otherwise fails every launch of every round.  Found the way the launch finds it (this
+    PATH; ``{python}`` is commdiag's interpreter); a relative path is left to the launch's folder."""
+    prog = argv[0]
+    if "{" in prog:
+        return
+    if os.sep in prog:
+        if os.path.isabs(prog) and not (os.path.isfile(prog) and os.access(prog, os.X_OK)):
+            raise SpecError(path, f"{fld}[0]", f"{brief(prog)}: no such executable file")
+    elif shutil.which(prog) is None:
+        raise SpecError(path, f"{fld}[0]", f"{brief(prog)}: no such program on PATH (install it, or give "
+                                           "its full path; {python} is commdiag's own interpreter)")
+
+
 def _argv(path, fld: str, value) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
-        raise SpecError(path, fld, "must be a non-empty list of arguments, e.g. [python, -m, sglang.bench_serving, ...]")
+        example = "python, -m, sglang.launch_server" if fld.startswith("server") else "python, -m, sglang.bench_serving"
+        raise SpecError(path, fld, f"must be a non-empty list of arguments, e.g. [{example}, ...]")
     if len(value) > MAX_ARGS:
         raise SpecError(path, fld, f"{len(value)} arguments, more than {MAX_ARGS}")
     out = []
@@ -298,6 +316,9 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> AbSpec:
                 raise SpecError(path, f"configs.{c.name}", "sets NCCL_DEBUG/NCCL_DEBUG_SUBSYS, which "
                                 "require_nccl_proof sets itself (INFO, INIT,ENV); leave them out")
     description = str(get("description") or "")[:10_000]
+    _check_program(path, "command", command)
+    if server is not None:
+        _check_program(path, "server.command", server.command)
     return AbSpec(path=str(path), name=name, description=description, command=command, metrics=metrics,
                   configs=configs, rounds=int(rounds), min_effect=float(min_effect), timeout_s=timeout,
                   seed=seed, server=server, raw=raw, warnings=tuple(warnings))

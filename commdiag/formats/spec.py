@@ -468,6 +468,11 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         sizes_raw = {**sizes_raw, "hidden": model["hidden"]}
     sizes = _resolve_sizes(path, sizes_raw, dtype, large)
     base_env = _env_map(path, "base_env", get("base_env"), warnings)
+    if "configs" in raw and not raw["configs"] and not raw.get("grid"):
+        # an empty configs: is a spec half written, not a request to time default alone (which leaves
+        # nothing to compare; leave configs: out for that)
+        raise SpecError(path, "configs", "empty: give at least one config besides default, e.g. "
+                                         "seed: {NCCL_PROTO: LL}, or a grid: (leave configs out to time default alone)")
     configs = _resolve_configs(path, raw, base_env, warnings, large)
     if not large and len(configs) * trials > LIMITS["launches"]:
         raise SpecError(path, "trials", f"{len(configs)} configs x {trials} trials = {len(configs) * trials} "
