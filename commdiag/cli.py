@@ -315,6 +315,9 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
         _echo(f"\nrun folder: {res.run_dir}   launches: " + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
         if res.state == "interrupted":
             _echo(f"interrupted: no verdicts from a partial run; continue with  commdiag ab --resume {res.run_dir}")
+        elif res.state == "stopped":
+            _echo(f"stopped: {run['stopped']}. No verdicts from no values: fix it and run again "
+                  f"(commdiag ab --resume {res.run_dir} runs the rest with the recorded spec)")
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
     sys.exit(errors.EXIT_OK if set(res.counts) <= {"ok"} else errors.EXIT_LAUNCHES_FAILED)

@@ -75,3 +75,33 @@ def test_an_ab_spec_whose_program_is_missing_is_refused_naming_the_field_before_
         proc = run_cli("ab", tmp_path / "ab.yaml", "--out", tmp_path / "run")
         assert proc.returncode == 2 and not (tmp_path / "run").exists(), proc.stderr
         assert f"ab.yaml: {field}: " in words(proc.stderr) and "--debug" not in proc.stderr, proc.stderr
+
+
+def test_ab_stops_after_a_first_round_that_failed_the_same_way_for_every_arm(tmp_path):
+    # a metric whose regex matches nothing: every launch would fail; one round says so
+    toy = (REPO / "ab" / "cpu-toy.yaml").read_text().replace(
+        "field: median_itl_ms}", 'field: median_itl_ms}\n  - {name: nothing, regex: "NEVER(\\\\d+)", better: higher}')
+    (tmp_path / "ab.yaml").write_text(toy)
+    proc = run_cli("ab", tmp_path / "ab.yaml", "--out", tmp_path / "run")
+    out = words(proc.stdout)
+    assert proc.returncode == 3, proc.stderr
+    assert ("stopped: every launch of round 1 (3 arms) failed the same way, so every round would: nothing: "
+            "stdout: no line matches 'NEVER(\\\\d+)'. No verdicts from no values") in out, out
+    assert "rounds would decide" not in out and "verdicts against default" not in out
+    import json
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["state"] == "stopped" and [l["status"] for l in run["launches"]].count("failed") == 3
+    assert proc.stderr.count("] ") == 3  # three progress lines: one round, then the stop
+
+
+def test_ab_verdict_from_no_complete_round_estimates_no_rounds():
+    from commdiag.ab import render, verdict
+    v = verdict.judge([], ["b"], [("tok", "higher")], 0.03)[0]
+    assert v.rounds == 0 and "rounds would decide" not in render._plain(v, 0.03)
+
+
+def test_step_ranges_read_with_negative_shares_and_the_alone_line_is_plain():
+    from commdiag.analyse import steptable
+    share = steptable.Spread(-0.113, -0.492, 0.266, 4)
+    assert share.text("{:.1f}%", 100.0) == "-11.3% [-49.2% to 26.6%] n=4"
+    assert steptable._alone_meaning(0.595, 0.8) == ": less than they add: inside the step they run slower"

@@ -51,7 +51,7 @@ NCCL_PROOF_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
 @dataclass(frozen=True)
 class AbResult:
     run_dir: Path
-    state: str  # complete | interrupted
+    state: str  # complete | interrupted | stopped (run["stopped"] says why)
     counts: dict[str, int]
     warnings: tuple[str, ...] = field(default=())
 
@@ -215,16 +215,32 @@ def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_prog
             walls.append(launch.get("wall_s", 0.0))
             if on_progress:
                 on_progress(Progress(n, len(pending), launch, (len(pending) - n) * sum(walls) / len(walls)))
+            why = same_failure(run, pending[0]["round"])
+            if why:
+                run["stopped"] = why
+                break
     except KeyboardInterrupt:  # between launches (saving, printing): resumable all the same
         interrupted = True
     run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
-    run["state"] = "interrupted" if interrupted else "complete"
+    run["state"] = "interrupted" if interrupted else "stopped" if run.get("stopped") else "complete"
     run["finished_utc"] = None if interrupted else launcher.utc_now()
     save(run_dir, run)
     counts: dict[str, int] = {}
     for l in run["launches"]:
         counts[l["status"]] = counts.get(l["status"], 0) + 1
     return AbResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
+
+
+def same_failure(run: dict, first_round: int) -> str | None:
+    """Why to stop: every launch of ``first_round`` (the first round this call ran) is done and every
+    one failed with the same error (a metric that never matches, a server that never starts): every
+    later round would fail the same way, and no verdict can come from no values.  None: go on."""
+    launches = [l for l in run["launches"] if l["round"] == first_round]
+    errors = {l.get("error", "") for l in launches}
+    if any(l["status"] != FAILED for l in launches) or len(errors) != 1:
+        return None
+    return (f"every launch of round {first_round + 1} ({len(launches)} arms) failed the same way, so every "
+            f"round would: {errors.pop()}")
 
 
 def _free_port() -> str:
