@@ -757,8 +757,9 @@ def tuner_group() -> None:
 
 
 @tuner_group.command("build", short_help="Compile the plugin with cc; print the env lines that load it.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True,
-              help="Folder for libnccl-tuner-commdiag.so (created if missing).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder for libnccl-tuner-commdiag.so (created if missing), e.g. ~/.local/lib/commdiag; "
+                   "required: a library NCCL loads belongs where you chose, not in whatever folder the shell is in.")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, path_type=Path),
               help="A rules file to check (as the plugin reads it) and name in NCCL_TUNER_CONFIG_FILE.")
 @click.option("--cc", "cc", metavar="COMPILER",

@@ -105,3 +105,39 @@ def test_step_ranges_read_with_negative_shares_and_the_alone_line_is_plain():
     share = steptable.Spread(-0.113, -0.492, 0.266, 4)
     assert share.text("{:.1f}%", 100.0) == "-11.3% [-49.2% to 26.6%] n=4"
     assert steptable._alone_meaning(0.595, 0.8) == ": less than they add: inside the step they run slower"
+
+
+def test_small_messages_a_new_user_meets(tmp_path):
+    from conftest import write_spec
+    # a typo'd top-level key: the near miss is named
+    spec = write_spec(tmp_path / "t.yaml", configs={"ll": {"NCCL_PROTO": "LL"}})
+    spec.write_text(spec.read_text().replace("trials:", "trails:"))
+    proc = run_cli("sweep", spec, "--out", tmp_path / "r1")
+    assert proc.returncode == 2 and "trails: unknown key: did you mean `trials`?" in words(proc.stderr), proc.stderr
+    # ab's rounds: the message names auto too
+    toy = (REPO / "ab" / "cpu-toy.yaml").read_text().replace("rounds: auto", "rounds: -1")
+    (tmp_path / "ab.yaml").write_text(toy)
+    proc = run_cli("ab", tmp_path / "ab.yaml", "--out", tmp_path / "r2")
+    assert proc.returncode == 2 and "rounds: -1 must be auto or 1..200" in words(proc.stderr), proc.stderr
+    # ab --config with a file that is not a profile: where the format is documented
+    (tmp_path / "ll.env").write_text("NCCL_PROTO=LL\n")
+    proc = run_cli("ab", "--config", f"ll={tmp_path / 'll.env'}", "--metric", "t:higher:(\\d+)", "--", "true")
+    assert proc.returncode == 2 and "docs/formats.md#profiles" in words(proc.stderr), proc.stderr
+    # tuner build writes nowhere it was not told to
+    proc = run_cli("tuner", "build", cwd=tmp_path)
+    assert proc.returncode == 2 and "Missing option '--out'" in proc.stderr and not list(tmp_path.glob("*.so"))
+    # install-hook --status with nothing installed answers, exit 0; asked about an interpreter, exit 1
+    proc = run_cli("install-hook", "--status", "--root", tmp_path / "root")
+    assert proc.returncode == 0 and "no commdiag install recorded" in proc.stdout, proc.stdout + proc.stderr
+    proc = run_cli("install-hook", "--status", "--root", tmp_path / "root", "--python", sys.executable)
+    assert proc.returncode == 1 and "nothing installed for this interpreter" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_sweep_start_line_counts_in_singular_and_plural(tmp_path):
+    from commdiag.formats import spec as specmod
+    from commdiag.measure import sweep
+    from conftest import write_spec
+    spec = specmod.load_spec(write_spec(tmp_path / "t.yaml"))
+    run = {"configs": [{"name": "default"}], "launches": [{"index": 0, "status": "pending", "stage": 1}]}
+    line = words("\n".join(sweep._start_banner(spec, run, tmp_path).lines))
+    assert "1 launch to run (1 screening: 1 config x 1 trial)" in line, line

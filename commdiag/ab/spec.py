@@ -259,7 +259,8 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> AbSpec:
     warnings: list[str] = []
     for key, value in raw.items():
         if key not in _KEYS:
-            raise SpecError(path, sweepspec._fld(key), f"unknown key (allowed: {', '.join(_KEYS)})")
+            raise SpecError(path, sweepspec._fld(key), f"unknown key{sweepspec.did_you_mean(key, _KEYS)} "
+                                                       f"(allowed: {', '.join(_KEYS)})")
         types, _ = _KEYS[key]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise SpecError(path, key, f"{brief(value)} must be {sweepspec._type_name(types)}")
@@ -298,7 +299,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> AbSpec:
     else:
         limit = 10 ** 5 if large else MAX_ROUNDS
         if not 1 <= rounds <= limit:
-            raise SpecError(path, "rounds", f"{rounds} must be 1..{limit}" + ("" if large else
+            raise SpecError(path, "rounds", f"{rounds} must be auto or 1..{limit}" + ("" if large else
                                                                                " (allow_large: true lifts it)"))
         if rounds < need:
             raise SpecError(path, "rounds", f"{rounds} rounds cannot certify anything: {spec_claims} claim(s) "

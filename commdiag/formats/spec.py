@@ -390,11 +390,20 @@ def _check_endpoint(path, rdzv: str) -> None:
         raise SpecError(path, "rdzv_endpoint", f"{brief(rdzv)}: the host has whitespace or control characters")
 
 
+def did_you_mean(key, allowed) -> str:
+    """``: did you mean `trials`?`` for a key one typo away from an allowed one, else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.75)
+    return f": did you mean `{close[0]}`?" if close else ""
+
+
 def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     warnings: list[str] = []
     for key, value in raw.items():
         if key not in _TOP_KEYS:
-            raise SpecError(path, _fld(key), f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
+            raise SpecError(path, _fld(key), f"unknown key{did_you_mean(key, _TOP_KEYS)} "
+                                             f"(allowed: {', '.join(_TOP_KEYS)})")
         types, _ = _TOP_KEYS[key]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise SpecError(path, key, f"{brief(value)} must be {_type_name(types)}")

@@ -462,7 +462,8 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
     then = ("; then stage 2 (confirmation; its plan is printed when screening ends)"
             if run.get("confirm_requested", True) and run.get("confirmation") is None else "")
     line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
-            + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
+            + (f" ({stage1} screening: {len(run['configs'])} config{'s' if len(run['configs']) != 1 else ''} x "
+               f"{spec.trials} trial{'s' if spec.trials != 1 else ''})" if stage1 else "")
             + (f", about {len(pending) * per / 60:.1f} min at this run's {per:.0f} s a launch" if per
                else "; the ETA follows from this machine's own launches, from the first one on") + then)
     lines = [line]
