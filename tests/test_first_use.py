@@ -141,3 +141,29 @@ def test_the_sweep_start_line_counts_in_singular_and_plural(tmp_path):
     run = {"configs": [{"name": "default"}], "launches": [{"index": 0, "status": "pending", "stage": 1}]}
     line = words("\n".join(sweep._start_banner(spec, run, tmp_path).lines))
     assert "1 launch to run (1 screening: 1 config x 1 trial)" in line, line
+
+
+def test_gpu_only_commands_say_no_gpu_without_importing_torch(tmp_path):
+    import os
+
+    import pytest
+
+    from commdiag.environment import gpusigns
+    if not gpusigns.no_cuda_driver():
+        pytest.skip("this machine has an NVIDIA driver: torch is asked, as it should be")
+    # a torch that records being imported (and has the torchrun file sweep's preflight looks for)
+    fake = tmp_path / "site" / "torch"
+    (fake / "distributed").mkdir(parents=True)
+    (fake / "distributed" / "run.py").write_text("")
+    (fake / "__init__.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\nraise ImportError('fake')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
+    for args in (("sweep", REPO / "sweeps" / "nvlink2-aa.yaml", "--out", tmp_path / "run"), ("check-env", "--nccl")):
+        proc = subprocess.run([sys.executable, "-m", "commdiag.cli", *map(str, args)], capture_output=True, text=True,
+                              env={**os.environ, **env}, timeout=60)
+        assert proc.returncode == 2 and "none visible" in words(proc.stderr), proc.stderr
+        assert not (tmp_path / "imported").exists(), args
+    # the driver's files, staged: then torch is asked
+    assert gpusigns.no_cuda_driver(tmp_path)
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("")
+    assert not gpusigns.no_cuda_driver(tmp_path)
