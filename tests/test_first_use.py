@@ -167,3 +167,43 @@ def test_gpu_only_commands_say_no_gpu_without_importing_torch(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "nvidia0").write_text("")
     assert not gpusigns.no_cuda_driver(tmp_path)
+
+
+def test_install_hook_under_root_prints_the_staged_paths_it_writes(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "p.env").write_text("# commdiag-profile 1\nNCCL_PROTO=LL\n")
+    proc = run_cli("install-hook", "--profile", tmp_path / "p.env", "--root", root, "--python", sys.executable,
+                   "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    heads = [l for l in proc.stdout.splitlines() if l.startswith("--- ")]
+    assert heads and all(l.startswith(f"--- {root}/") for l in heads), heads
+    assert "staged under --root: every file below is written inside it" in words(proc.stdout)
+    # a line over 100 columns is one long path and a few words (the test's tmp paths are long)
+    def words_beside_path(line):
+        return len(line) - max((len(t) for t in line.split() if t.startswith("/")), default=0)
+    long = [l for l in proc.stdout.splitlines() if len(l) > 100 and words_beside_path(l) > 60
+            and not l.startswith("+")]  # a file's own lines are its content
+    assert not long, long
+    proc = run_cli("install-hook", "--profile", tmp_path / "p.env", "--root", root, "--python", sys.executable,
+                   "--no-verify")
+    out = words(proc.stdout)
+    assert out.count(f"commdiag's file: {root}/") == 2 and f"commdiag's file: {sys.prefix}" not in out, out
+
+
+def test_a_truncated_samples_csv_is_refused_saying_what_is_missing(tmp_path):
+    run = copy_run(tmp_path)
+    whole = (run / "samples.csv").read_bytes()
+    # head -c 3000: the last row cut in the middle
+    subprocess.run(f"head -c 3000 {RUNS / 'cpu-smoke' / 'samples.csv'} > {run / 'samples.csv'}", shell=True, check=True)
+    proc = run_cli("report", run)
+    assert proc.returncode == 2 and "samples.csv: its last row is cut off" in words(proc.stderr), proc.stderr
+    assert "A/A check" not in proc.stdout and not (run / "report.html").exists()
+    # cut at a line end: whole rows, but fewer than summary.csv counts
+    rows = whole.decode().splitlines(keepends=True)
+    (run / "samples.csv").write_text("".join(rows[:100]))
+    proc = run_cli("report", run)
+    assert proc.returncode == 2 and "samples.csv: 99 rows where summary.csv counts 1980" in words(proc.stderr), proc.stderr
+    # the whole file again: the report as before
+    (run / "samples.csv").write_bytes(whole)
+    assert run_cli("report", run).returncode == 0
