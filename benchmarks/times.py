@@ -68,8 +68,8 @@ GPU = [
      "estimate", "not run yet: estimate from the MoE run on 2x H200"),
     ("step-dense70b-tp8", "commdiag step sweeps/step-dense70b-tp8.yaml", "6-10 min",
      "estimate", "not run yet: estimate from the MoE run"),
-    ("ab/sglang-seed", "commdiag ab ab/sglang-seed.yaml", "22 launches",
-     "22 x (server start + benchmark)", "depends on your server and benchmark"),
+    ("ab/sglang-seed", "commdiag ab ab/sglang-seed.yaml", "22 x (server start + benchmark)",
+     "22 launches (11 rounds x 2 arms)", "depends on your server, model and benchmark"),
 ]
 
 

@@ -3,6 +3,7 @@ much it left out.  Real CLI subprocesses over real run folders (a recorded cpu-s
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def test_default_is_never_listed_as_not_a_stage_2_claim(tmp_path):
     rows = (run / "samples.csv").read_text().splitlines(keepends=True)
     col = rows[0].split(",").index("launch")
     (run / "samples.csv").write_text("".join(rows[:1] + [r for r in rows[1:] if int(r.split(",")[col]) not in gone]))
+    (run / "summary.csv").unlink()  # it counts the removed launches' samples: derived again in memory
     table = words(render_table(results.load_run(run)))
     assert "note: seed: screening launches only (not a stage-2 claim)" in table
     assert "default" not in table.split("note: seed:")[0].split("note:")[-1] and "default, seed" not in table
@@ -207,3 +209,74 @@ def test_a_truncated_samples_csv_is_refused_saying_what_is_missing(tmp_path):
     # the whole file again: the report as before
     (run / "samples.csv").write_bytes(whole)
     assert run_cli("report", run).returncode == 0
+
+
+# --------------------------------------------------------------------------- one table of times
+
+DURATION = re.compile(r"\d+(\.\d+)?( ?- ?\d+(\.\d+)?)? ?(s|min|minutes?|seconds?)\b")
+
+
+def times_table() -> dict[str, str]:
+    """docs/times.md's rows: spec -> its time cell (read by benchmarks/times.py's own parser)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("times", REPO / "benchmarks" / "times.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return {name: cells[2] for name, cells in mod.read_rows((REPO / "docs" / "times.md").read_text()).items()}
+
+
+def mentions(text: str, name: str) -> list[str]:
+    """Lines of ``text`` naming the spec file ``name``.yaml and a duration."""
+    pat = re.compile(rf"(?<![\w-]){re.escape(name.split('/')[-1])}\.yaml")
+    return [l for l in text.splitlines() if pat.search(l) and DURATION.search(l)]
+
+
+def test_every_time_stated_anywhere_is_the_one_in_docs_times_md():
+    table = times_table()
+    specs = {p.stem: p for p in (REPO / "sweeps").glob("*.yaml")} | {f"ab/{p.stem}": p for p in (REPO / "ab").glob("*.yaml")}
+    assert set(table) <= set(specs) and {"cpu-smoke", "cpu-aa", "ab/cpu-toy", "nvlink2-aa", "pcie8"} <= set(table)
+    readme = (REPO / "README.md").read_text()
+    shipped = readme.split("## Shipped specs and how long they take", 1)[1].split("\n## ", 1)[0]
+    helptext = run_cli("--help").stdout
+    for name, time in table.items():
+        # each spec's leading comment: the table's time, a pointer to the table, no other duration
+        head = "\n".join(l for l in specs[name].read_text().split("\nname:", 1)[0].splitlines() if l.startswith("#"))
+        if DURATION.search(head) or name.startswith("cpu") or name == "ab/cpu-toy":
+            assert time in head and "docs/times.md" in head, (name, time, head)
+            assert [m.group(0) for m in DURATION.finditer(head.replace(time, ""))] == [], (name, head)
+        # the README's specs table: the time cell itself
+        row = next(l for l in shipped.splitlines() if l.startswith(f"| `{name.split('/')[-1]}.yaml`")
+                   or l.startswith(f"| `{name}.yaml`"))
+        assert row.rstrip(" |").rsplit(" | ", 1)[1] == time, (name, row)
+        # any other README or --help line naming the spec with a duration quotes the table
+        for line in mentions(readme.replace(row, ""), name) + mentions(helptext, name):
+            assert time in line, (name, time, line)
+    assert f"cpu-smoke.yaml ({table['cpu-smoke']}, docs/times.md)" in words(helptext)
+    # the README's prose that names a spec's time without its file name on the same line
+    prose = words(readme)
+    for said in (f"runs the CPU smoke sweep (gloo, 2 ranks; {table['cpu-smoke']} on 2 cores",
+                 f"quiet enough to trust?** ({table['nvlink2-aa']} on 2x H200, estimated",
+                 f"`sweeps/cpu-aa.yaml`, {table['cpu-aa']} on 2 cores",
+                 f"**{table['pcie8']}** on 8 GPUs, estimated", f"{table['ab/cpu-toy']} on 2 cores"):
+        assert said in prose, said
+
+
+def test_the_first_eta_leaves_out_the_servers_start_and_the_start_bounds_the_whole_run(tmp_path):
+    import json
+
+    from commdiag.formats import spec as specmod
+    from commdiag.measure import sweep
+    run = json.loads((RUNS / "cpu-smoke" / "run.json").read_text())
+    first, second = run["launches"][0], run["launches"][1]  # 4.3 s with the servers' start, then 0.5 s
+    assert first["wall_s"] > 5 * second["wall_s"] and first["launched_by"] == "forkserver"
+    assert sweep.per_launch([first["wall_s"]], [first]) == first["measure_s"]
+    assert sweep.per_launch([first["wall_s"], second["wall_s"]], [second]) == second["wall_s"]
+    # at the start: the most stage 2 can add (cpu-smoke: 2 bands, 2 candidates, 8 rounds of 3 configs)
+    spec = specmod.load_spec(REPO / "sweeps" / "cpu-smoke.yaml")
+    assert sweep.stage2_at_most(spec) == 24
+    pending = {"configs": [{"name": c.name} for c in spec.configs],
+               "launches": [{"index": i, "status": "pending", "stage": 1} for i in range(6)]}
+    text = words("\n".join(sweep._start_banner(spec, pending, tmp_path).lines))
+    assert "then stage 2 (confirmation; its plan is printed when screening ends): at most 24 launches" in text, text
+    # nvlink2-aa as shipped: 10 rounds of default, aa and seed
+    assert sweep.stage2_at_most(specmod.load_spec(REPO / "sweeps" / "nvlink2-aa.yaml")) == 30

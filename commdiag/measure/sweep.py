@@ -459,13 +459,34 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
     return SweepResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
 
 
+def stage2_at_most(spec: Spec) -> int:
+    """The most stage-2 launches a sweep of ``spec`` can plan, known before screening: every band
+    nominates a different config besides confirm.configs (analyse/certify.py plan_claims), each round
+    runs default and every claimed config once.  Said at the start, so the whole run has a bound."""
+    others = len(spec.configs) - 1
+    if others <= 0:
+        return 0
+    mode = spec.modes[0]
+    named = [c for c in spec.confirm_configs if c != stats.DEFAULT]
+    claims = [certify.Claim(c, mode, b, None, TWO_SIDED, "confirm.configs", None) for b in spec.bands for c in named]
+    picks = min(len(spec.bands), max(others - len(named), 0))
+    claims += [certify.Claim(f"pick{i}", mode, b, None, LESS, "screening", None)
+               for i, b in enumerate(list(spec.bands)[:picks])]
+    if not claims:
+        return 0
+    rounds = spec.confirm_rounds or certify.rounds_needed(claims)
+    return rounds * (1 + min(others, len(named) + picks))
+
+
 def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
     """The first thing a sweep prints: where it writes, how many launches, about how long."""
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
     per = _mean_wall(run)  # this run's own launches (a resume); none yet: no guess, the progress lines say
     stage1 = sum(1 for l in pending if int(l.get("stage", 1)) == 1)
-    then = ("; then stage 2 (confirmation; its plan is printed when screening ends)"
-            if run.get("confirm_requested", True) and run.get("confirmation") is None else "")
+    most = stage2_at_most(spec) if run.get("confirm_requested", True) and run.get("confirmation") is None else None
+    then = ("" if most is None else "; then stage 2 (confirmation; its plan is printed when screening ends): "
+            + ("none, unless screening finds a candidate" if most == 0 else
+               f"at most {most} launches, fewer when screening nominates fewer configs"))
     line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
             + (f" ({stage1} screening: {len(run['configs'])} config{'s' if len(run['configs']) != 1 else ''} x "
                f"{spec.trials} trial{'s' if spec.trials != 1 else ''})" if stage1 else "")
@@ -484,6 +505,16 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
                          f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
                          "the rounds every claim needs)")
     return StagePlan("start", len(pending), len(pending) * per if per else None, _fit(lines))
+
+
+def per_launch(walls: list[float], batch: list[dict]) -> float:
+    """Seconds a launch still to come will take, for the ETA.  The first launch of a call carries the
+    launch servers' one-time start (seconds; a CPU launch after it is under one): it is left out once a
+    second launch is in, and before that only its own measuring counts (``measure_s``)."""
+    if len(walls) > 1:
+        return sum(walls[1:]) / (len(walls) - 1)
+    measured = [l.get("measure_s") for l in batch if l.get("launched_by") == "forkserver" and l.get("measure_s")]
+    return sum(measured) / len(measured) if measured else walls[0]
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
@@ -514,7 +545,7 @@ def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: 
                 done += 1
                 if on_progress:
                     left = len(pending) - done
-                    on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+                    on_progress(Progress(done, len(pending), launch, left * per_launch(done_walls, batch)))
         except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
             results.save_run(run_dir, run)
             return True
