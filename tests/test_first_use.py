@@ -280,3 +280,26 @@ def test_the_first_eta_leaves_out_the_servers_start_and_the_start_bounds_the_who
     assert "then stage 2 (confirmation; its plan is printed when screening ends): at most 24 launches" in text, text
     # nvlink2-aa as shipped: 10 rounds of default, aa and seed
     assert sweep.stage2_at_most(specmod.load_spec(REPO / "sweeps" / "nvlink2-aa.yaml")) == 30
+
+
+def test_a_gloo_report_reads_plainly_and_draws_the_stage_2_plot_with_a_legend(tmp_path):
+    import test_report
+    run = copy_run(tmp_path)
+    assert run_cli("report", run).returncode == 0
+    html = (run / "report.html").read_text()
+    # gloo: no advice to run explain (it refuses gloo runs), and no NCCL line before the environment table
+    assert "<code>commdiag explain RUN_DIR</code>" not in html
+    assert "Not applicable: gloo never loads NCCL, so NCCL chose nothing" in html
+    assert "<p>not applicable (gloo)</p>" not in html and "NCCL itself: not applicable (gloo never loads NCCL)" in html
+    # fingerprint, method and spec as key/value tables, not JSON dumps
+    for head in ("Environment fingerprint", "Method", "Spec"):
+        section = html.split(f"<h2>{head}</h2>", 1)[1].split("<h2>", 1)[0]
+        assert section.startswith("\n<table><tr><th>key</th><th>value</th>") and "<pre>" not in section, head
+    assert "<td>backend</td><td>gloo</td>" in html
+    # plotly.js's cartesian bundle (commdiag/analyse/plotlyjs), not the 4.8 MB full one
+    assert "plotly.js v4.1.1" in html[:100_000] and len(html.encode()) < 2_000_000
+    dom, console = test_report.render(run / "report.html")
+    assert not console, console
+    stage2 = dom.split('id="stage2"', 1)[1].split('class="plot"', 1)[0]
+    assert "default (the reference)" in stage2 and "the claim's config" in stage2  # the legend
+    assert "simple, prefill band" in stage2 and ": default" not in stage2  # short two-level ticks
