@@ -297,7 +297,7 @@ def test_a_gloo_report_reads_plainly_and_draws_the_stage_2_plot_with_a_legend(tm
         assert section.startswith("\n<table><tr><th>key</th><th>value</th>") and "<pre>" not in section, head
     assert "<td>backend</td><td>gloo</td>" in html
     # plotly.js's cartesian bundle (commdiag/analyse/plotlyjs), not the 4.8 MB full one
-    assert "plotly.js v4.1.1" in html[:100_000] and len(html.encode()) < 2_000_000
+    assert "plotly.js (cartesian - minified) v4.1.1" in html[:100_000] and len(html.encode()) < 2_000_000
     dom, console = test_report.render(run / "report.html")
     assert not console, console
     stage2 = dom.split('id="stage2"', 1)[1].split('class="plot"', 1)[0]
