@@ -54,7 +54,22 @@ for m in ("torchrun", "forkserver"):
               f"range {min(o):.2f}-{max(o):.2f}, n={len(o)} (first launch {o[0]:.2f} s)")
 EOF
     else
-      echo "1 GPU: the A/A between methods needs 2 GPUs; skipped" | tee -a $G/skipped.txt
+      # Proof 2 on one GPU: two ranks on GPU 0, each with its own NCCL_HOSTID (worker.SHARE_GPU_VAR), a real
+      # 2-rank NCCL communicator over sockets; the A/A between the launch methods, graph mode, alternated
+      # torchrun, forkserver, torchrun, forkserver; then `compare` of each method's pair of runs.
+      SIZES="sizes.tokens=[1,8,64,512,4096]"
+      for rep in 1 2; do for m in torchrun forkserver; do
+        step net1-$m-$rep 100 bash -c "s=\$(date +%s); COMMDIAG_SHARE_GPU=1 NCCL_SOCKET_IFNAME=lo python3 -m commdiag.cli \
+          sweep sweeps/nvlink2-aa.yaml --no-confirm --set launch=$m --set trials=2 --set 'modes=[graph]' \
+          --set nproc_per_node=2 --set 'vias=[torch]' --set '$SIZES' --out $G/net1-$m-$rep; \
+          rc=\$?; echo sweep wall \$(( \$(date +%s) - s ))s; exit \$rc"
+      done; done
+      for rep in 1 2; do
+        [ -f $G/net1-torchrun-$rep/run.json ] && [ -f $G/net1-forkserver-$rep/run.json ] && \
+          step net1-compare-$rep 30 python3 -m commdiag.cli compare $G/net1-torchrun-$rep $G/net1-forkserver-$rep
+      done
+      [ -f $G/net1-torchrun-1/run.json ] && [ -f $G/net1-torchrun-2/run.json ] && \
+        step net1-compare-aa 30 python3 -m commdiag.cli compare $G/net1-torchrun-1 $G/net1-torchrun-2
     fi
     echo "left $(left)s; done: $(cd $G && ls done-* 2>/dev/null | tr '\n' ' ')"; cat $G/skipped.txt 2>/dev/null
     ;;

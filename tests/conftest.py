@@ -168,8 +168,20 @@ SLOW = (
     "test_ab.py::test_kill_9_mid_launch_then_resume",
     # four sweeps (two per launch method) for one ratio: the CI check of the fork server's CPU benchmark
     "test_forkserver.py::test_forkserver_sweep_takes_at_most_70_percent_of_torchrun_time",
+    # #28's end-to-end check under the default launch (forkserver): two sweeps (the issue's spec, its A/A),
+    # 40 launches of 200 iterations and four groups of launch servers (an import of torch per rank each),
+    # 2-3 minutes on 2 cores
+    "test_import_env.py::test_the_spec_of_issue_28_is_certified_under_the_default_launch_and_its_a_a_is_not",
+    # two groups of real launch servers (two imports of torch, 10-50 s on 2 cores); the keying itself is
+    # tested without processes in the README's set (test_pool_keys_groups_by_what_their_servers_proved_read)
+    "test_import_env.py::test_a_pool_shares_servers_across_nccl_settings_and_starts_new_ones_for_anything_else",
     # a 50-config x 20-size report drawn in chromium (about 30 s of CPU)
     "test_report.py::test_large_report_stays_lean",
+    # the real Slurm cluster (tests/cluster/slurm-2node.sh up 3): every launch an srun step importing
+    # torch on each node, 1-4 min a test; and the slow-node check's A/A simulation (6 noise models x
+    # 300 fleets x 2000 permutation draws, about 10 s a model)
+    "test_multinode.py::",
+    "test_nodeverdict.py::test_an_aa_fleet_names_nobody",
 )
 
 

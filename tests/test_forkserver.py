@@ -35,13 +35,15 @@ def plan_for(folder, watch_env):
 
 
 def test_a_child_sees_its_launch_env_and_nothing_of_the_previous_launch(tmp_path):
-    watch = ["ONLY_FIRST", "BOTH", "USERS_OWN", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+    # NCCL_* variables (the sweeps' own): a child takes them after the fork, both launches run on one
+    # group of servers (variables a child may not take get servers of their own: test_import_env.py)
+    watch = ["NCCL_ONLY_FIRST", "NCCL_BOTH", "USERS_OWN", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
              "MASTER_PORT", "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS", launcher.MARKER]
     base = {**os.environ, "USERS_OWN": "kept", "TORCHELASTIC_RUN_ID": "from-an-outer-torchrun"}
     pool = serverpool.ServerPool(2, base)
     try:
         seen, ports = [], []
-        for n, config in enumerate(({"ONLY_FIRST": "1", "BOTH": "a"}, {"BOTH": "b"})):
+        for n, config in enumerate(({"NCCL_ONLY_FIRST": "1", "NCCL_BOTH": "a"}, {"NCCL_BOTH": "b"})):
             plan = plan_for(tmp_path / f"l{n}", watch)
             outcome = pool.launch(n, config, {}, plan, deadline_s=120)
             assert outcome.exit_code == 0 and not outcome.timed_out, (tmp_path / f"l{n}" / "launch.log").read_text()
@@ -52,6 +54,7 @@ def test_a_child_sees_its_launch_env_and_nothing_of_the_previous_launch(tmp_path
             ports.append(seen[-1][0]["MASTER_PORT"])
             assert {r["pid"] for r in ranks}.isdisjoint(pool.server_pids())  # forked children, not the servers
         marker = pool.marker
+        assert len(pool.started) == 1 and pool.last_group == 0
     finally:
         pool.close()
     for n, ranks in enumerate(seen):
@@ -61,9 +64,9 @@ def test_a_child_sees_its_launch_env_and_nothing_of_the_previous_launch(tmp_path
             assert env["TORCHELASTIC_RUN_ID"] is None  # no agent here: torchrun's own variables dropped
             assert env["OMP_NUM_THREADS"] == "1"  # as torchrun sets it for 2 ranks a node
             assert env[launcher.MARKER] == marker
-        assert {e["BOTH"] for e in ranks} == {"ab"[n]}
-    assert [e["ONLY_FIRST"] for e in seen[0]] == ["1", "1"]
-    assert [e["ONLY_FIRST"] for e in seen[1]] == [None, None]  # the first launch's variable did not leak
+        assert {e["NCCL_BOTH"] for e in ranks} == {"ab"[n]}
+    assert [e["NCCL_ONLY_FIRST"] for e in seen[0]] == ["1", "1"]
+    assert [e["NCCL_ONLY_FIRST"] for e in seen[1]] == [None, None]  # the first launch's variable did not leak
     assert ports[0] != ports[1]  # a fresh rendezvous per launch
     assert not launcher.marked_pids(marker)  # closing the pool ends servers and children
 
@@ -155,13 +158,13 @@ def test_a_stored_spec_without_the_key_was_a_torchrun_run(tmp_path):
     assert Spec.from_json(stored).launch == "torchrun"
 
 
-def test_multi_node_and_start_time_variables_use_torchrun_and_say_why(tmp_path):
+def test_multi_node_uses_torchrun_and_says_why_start_time_variables_do_not(tmp_path):
     multi = load_spec(write_spec(tmp_path / "m.yaml", launch="forkserver", nnodes=2, rdzv_endpoint="127.0.0.1:29400"))
     how, why = sweep.launch_method(multi)
     assert how == "torchrun" and "nnodes > 1" in why
+    # a variable read when a process starts gets launch servers started with it (serverpool.py)
     omp = load_spec(write_spec(tmp_path / "o.yaml", launch="forkserver", configs={"t4": {"OMP_NUM_THREADS": 4}}))
-    how, why = sweep.launch_method(omp)
-    assert how == "torchrun" and "OMP_NUM_THREADS" in why
+    assert sweep.launch_method(omp) == ("forkserver", None)
     plain = load_spec(write_spec(tmp_path / "p.yaml", launch="forkserver", configs={"b": {"NCCL_PROTO": "LL"}}))
     assert sweep.launch_method(plain) == ("forkserver", None)
 
@@ -291,3 +294,28 @@ def test_gpu_proof_recordings_a_forked_child_logs_what_a_torchrun_launch_logs():
     assert len(env) == 5 and sum(init.values()) == 76 and not at_exit
     assert sum(cmp.lines_of(rec("torchrun"))[2].values()) == 1  # "ENV/Plugin: Closing env plugin ..."
     assert cmp.compare(rec("torchrun-default"), rec("forkserver"), seed) == 1
+
+
+def test_signal_leader_reaches_a_forked_childs_group_and_only_a_marked_pid(tmp_path):
+    """procs.signal_leader, how the pool ends a server's forked children (not started through procs):
+    the child's own session (it and what it started) gets the signal; a pid without the marker none."""
+    from commdiag import procs
+
+    marker = procs.new_marker()
+    leader = procs.start([sys.executable, "-c", "import subprocess, sys, time; "
+                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                          "print('up', flush=True); time.sleep(60)"],
+                         env=dict(os.environ), cwd=tmp_path, marker=marker, stdout=procs.PIPE, parent_death=None)
+    try:
+        assert leader.proc.stdout.readline() == b"up\n"
+        assert len(procs.marked_pids(marker)) == 2
+        assert not procs.signal_leader(leader.pid, signal.SIGKILL, procs.new_marker())  # another marker
+        assert procs.signal_leader(leader.pid, signal.SIGKILL, marker)
+        assert leader.wait(10) == -signal.SIGKILL
+        end = time.monotonic() + 10
+        while procs.marked_pids(marker) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not procs.marked_pids(marker)  # the grandchild, in the same group, too
+    finally:
+        leader.stop((), sweep=True)
+        leader.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from commdiag import procs
 from commdiag.environment import envcheck, propagation, pyprobe
 from commdiag.measure import launcher
 
@@ -113,11 +114,15 @@ class _Started(Exception):
 
 
 def _capture_popen(monkeypatch) -> list:
-    """subprocess.Popen that records (argv, cwd) and starts nothing."""
+    """subprocess.Popen that records (argv, cwd) and starts nothing; the argv procs's exec wrapper
+    (parent-death signal, marker) would exec."""
     calls = []
 
     def fake(argv, *a, **kw):
-        calls.append((list(argv), kw.get("cwd")))
+        argv = list(argv)
+        if procs._DIE_WITH_PARENT in argv:
+            argv = argv[argv.index(procs._DIE_WITH_PARENT) + 5:]
+        calls.append((argv, kw.get("cwd")))
         raise _Started()
 
     monkeypatch.setattr(subprocess, "Popen", fake)
@@ -177,3 +182,26 @@ def test_module_argv_either_way(hostile, python, flag):
                         input='{"b": 1, "a": 2}', capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0 and cp.stdout.split() == ["{", '"a":', "2,", '"b":', "1", "}"], cp.stderr
     assert ran(marker) == ""
+
+
+def test_ab_server_and_command_start_in_the_launch_folder(hostile, tmp_path):
+    # issue 30 item 7: the shipped specs run `python -m ...`, which puts the working folder first on the
+    # path: started in commdiag's own folder, the server and the command imported its json.py
+    from commdiag.ab import runner, spec as ab_spec
+
+    cwd, marker = hostile
+    toy = ["{python}", "-m", "commdiag.ab.toy"]
+    s = ab_spec.resolve({"name": "f", "rounds": 8,
+                         "command": [*toy, "client", "--port", "{port}", "--requests", "2",
+                                     "--output-file", "{launch_dir}/result.jsonl"],
+                         "server": {"command": [*toy, "server", "--port", "{port}"], "ready_timeout_s": 20,
+                                    "ready_url": "http://127.0.0.1:{port}/health", "stop_timeout_s": 5},
+                         "metrics": [{"preset": "sglang.bench_serving", "field": "output_throughput"}],
+                         "configs": {"x": {"TOY_RATE": "900"}}})
+    run = runner.new_run(s)
+    (tmp_path / "run").mkdir()
+    launch = run["launches"][0]
+    config = next(c for c in run["configs"] if c["name"] == launch["config"])
+    runner.one_launch(s, run, tmp_path / "run", launch, config, dict(os.environ))
+    assert ran(marker) == ""
+    assert launch["status"] == "ok", launch.get("error")

@@ -24,14 +24,13 @@ import random
 import re
 import shutil
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, metadata, readfile
+from .. import __version__, metadata, procs, readfile
 from ..atomic import write_json
 from ..errors import CommdiagError, brief
 from ..formats.spec import launch_order
@@ -190,7 +189,7 @@ def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: P
 
 def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_progress, on_start,
                  sampler: machinestate.Sampler) -> AbResult:
-    launcher.take_back_sigint()  # resumable after Ctrl-C, however it was started
+    procs.take_back_sigint()  # resumable after Ctrl-C, however it was started
     configs = {c["name"]: c for c in run["configs"]}
     pending = [l for l in run["launches"] if l["status"] == PENDING]
     if on_start and pending:
@@ -198,6 +197,7 @@ def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_prog
                  f"{spec.rounds} rounds, shuffled within each round)")
     walls: list[float] = []
     interrupted = False
+    run.pop("stopped", None)  # a resumed stopped run: this call decides again
     run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
     try:
         for n, launch in enumerate(pending, 1):
@@ -243,12 +243,6 @@ def same_failure(run: dict, first_round: int) -> str | None:
             f"round would: {errors.pop()}")
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict,
                sampler: machinestate.Sampler | None = None) -> None:
     """One launch, recorded into ``launch``, with the machine's state around its processes (server,
@@ -266,7 +260,7 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
     uses_port = any("{port}" in a for a in (*spec.command, *(spec.server.command if spec.server else ()),
                                             spec.server.ready_url or "" if spec.server else ""))
     if uses_port:
-        subst["port"] = _free_port()
+        subst["port"] = str(procs.free_port())
     env = {**base_env, **config["env"], launcher.MARKER: marker}
     srv = spec.server
     if srv and srv.require_nccl_proof:
@@ -279,7 +273,8 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
     with sampler.watch(lambda pid: launcher.carries_marker(pid, marker)) as watch:
         try:
             if srv:
-                proc = server.start([presets.substitute(a, subst) for a in srv.command], env, folder / "server.log")
+                proc = server.start([presets.substitute(a, subst) for a in srv.command], env, folder / "server.log",
+                                    cwd=folder)
                 ready_s, why = server.wait_ready(proc, folder / "server.log",
                                                  presets.substitute(srv.ready_url, subst) if srv.ready_url else None,
                                                  srv.ready_log, srv.ready_timeout_s)
@@ -288,7 +283,8 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
                     errors.append(why)
                 for w in range(srv.warmup_runs if not errors else 0):
                     code, timed_out, _ = server.run_command(cmd, env, folder / f"warmup{w}.stdout.txt",
-                                                            folder / f"warmup{w}.stderr.txt", spec.timeout_s)
+                                                            folder / f"warmup{w}.stderr.txt", spec.timeout_s,
+                                                            cwd=folder)
                     if code != 0:
                         errors.append(f"warmup run {w + 1} " + (f"timed out after {spec.timeout_s:g}s" if timed_out
                                                                  else f"exited with code {code}"))
@@ -297,7 +293,7 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
             if not errors:
                 started_wall = time.time()
                 code, timed_out, wall = server.run_command(cmd, env, folder / "stdout.txt", folder / "stderr.txt",
-                                                           spec.timeout_s)
+                                                           spec.timeout_s, cwd=folder)
                 launch["command_s"] = round(wall, 3)
                 launch["exit_code"] = code
                 if timed_out:
@@ -314,7 +310,7 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
                 if stopped.killed:
                     errors.append(f"the server outlived its stop (SIGINT and SIGTERM, {srv.stop_timeout_s:g}s each): "
                                   "killed with SIGKILL")
-            left = server.kill_marked(marker)
+            left = (stopped.survivors if proc is not None else 0) + server.kill_marked(marker)
             if left:
                 launch["killed_survivors"] = left
     launch["machine"] = watch.record()

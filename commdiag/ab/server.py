@@ -1,111 +1,58 @@
-"""Processes of one launch: the user's server and benchmark command, each in its own process group.
+"""Processes of one launch: the user's server and benchmark command, each a procs.Group.
 
-Every process carries the launch's ``COMMDIAG_LAUNCH_ID`` marker (measure/launcher.py), recorded in
-run.json before it starts, so whatever a killed commdiag leaves behind is found and ended by the
-next ``--resume`` (measure/runlock.reap_orphans).  On Linux each direct child also gets SIGTERM
-when commdiag dies (PR_SET_PDEATHSIG), so a kill -9 of commdiag does not leave a server serving.
+Every process carries the launch's ``COMMDIAG_LAUNCH_ID`` marker (procs.py), recorded in run.json
+before it starts, so whatever a killed commdiag leaves behind is found and ended by the next
+``--resume`` (measure/runlock.reap_orphans).  Each starts in the launch folder (``{launch_dir}``),
+never in the folder commdiag was started from (the shipped specs run ``python -m``, which would
+import a ``json.py`` from there), and gets SIGTERM when commdiag dies (PR_SET_PDEATHSIG, set after
+exec by procs.start, not by ``preexec_fn`` beside the machine-state thread), so a kill -9 of
+commdiag does not leave a server serving.
 
 Stopping is SIGINT, then SIGTERM, then SIGKILL to the whole group, each with a deadline; then every
-process still carrying the marker (one that left the group) is killed.  A server that needed
-SIGKILL outlived its stop: the caller fails that launch.
+process still carrying the marker (one that left the group) is killed (procs.Group.stop).  A server
+that needed SIGKILL outlived its stop: the caller fails that launch.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import re
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..measure import launcher
+from .. import procs
+from ..procs import Stopped  # noqa: F401  (what stop_group returns)
 
 POLL_S = 0.02  # readiness and exit polling; its cost lands in commdiag's overhead per launch
 KILL_WAIT_S = 5.0
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+def start(argv, env: dict[str, str], stdout: Path, stderr: Path | None = None, *, cwd: Path) -> procs.Group:
+    """Start ``argv`` in its own session in ``cwd`` (the launch folder), output to files, stdin
+    from /dev/null, SIGTERM when commdiag dies."""
+    return procs.start(list(argv), env=env, cwd=cwd, marker=env[procs.MARKER], stdout=stdout,
+                       stderr=stderr if stderr is not None else procs.STDOUT, parent_death=signal.SIGTERM)
 
 
-def start(argv, env: dict[str, str], stdout: Path, stderr: Path | None = None) -> subprocess.Popen:
-    """Start ``argv`` in its own session (process group), output to files, stdin from /dev/null."""
-    out = open(stdout, "wb")
-    err = open(stderr, "wb") if stderr is not None else subprocess.STDOUT
-    try:
-        return subprocess.Popen(list(argv), env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True, close_fds=True,
-                                preexec_fn=_die_with_parent if os.name == "posix" else None)
-    finally:
-        out.close()
-        if stderr is not None:
-            err.close()
+def stop_group(proc: procs.Group, steps=((signal.SIGINT, 30.0), (signal.SIGTERM, 30.0))) -> Stopped:
+    """Signal the group step by step until the leader exits; SIGKILL last; then what left the group."""
+    return proc.stop(steps)
 
 
-@dataclass(frozen=True)
-class Stopped:
-    signal: str | None  # the signal that ended it (None: it had exited already)
-    exit_code: int | None
-    killed: bool  # needed SIGKILL
-
-
-def stop_group(proc: subprocess.Popen, steps=((signal.SIGINT, 30.0), (signal.SIGTERM, 30.0))) -> Stopped:
-    """Signal the group step by step until the leader exits; SIGKILL last."""
-    if proc.poll() is not None:
-        _kill_rest(proc)
-        return Stopped(None, proc.returncode, False)
-    for sig, wait in (*steps, (signal.SIGKILL, KILL_WAIT_S)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-            _kill_rest(proc)
-            return Stopped(signal.Signals(sig).name, proc.returncode, sig == signal.SIGKILL)
-        except subprocess.TimeoutExpired:
-            continue
-    return Stopped("SIGKILL", None, True)
-
-
-def _kill_rest(proc: subprocess.Popen) -> None:
-    """The leader is gone; members of its group may not be."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def run_command(argv, env: dict[str, str], stdout: Path, stderr: Path, deadline_s: float
+def run_command(argv, env: dict[str, str], stdout: Path, stderr: Path, deadline_s: float, *, cwd: Path
                 ) -> tuple[int | None, bool, float]:
     """Run the benchmark command to completion or its deadline: (exit code, timed out, wall s).
-    Ctrl-C (KeyboardInterrupt) ends its group and is raised again to the caller."""
-    t0 = time.monotonic()
-    proc = start(argv, env, stdout, stderr)
-    try:
-        try:
-            code = proc.wait(timeout=deadline_s)
-            return code, False, time.monotonic() - t0
-        except subprocess.TimeoutExpired:
-            stop_group(proc, ((signal.SIGTERM, KILL_WAIT_S),))
-            return None, True, time.monotonic() - t0
-    except BaseException:
-        stop_group(proc, ((signal.SIGTERM, 2.0),))
-        raise
-    finally:
-        if proc.poll() is None:
-            stop_group(proc, ())
+    Ctrl-C (KeyboardInterrupt) ends its group and is raised again to the caller.  No sweep by
+    marker here: the server of the launch carries the same one and is still serving."""
+    end = procs.run(list(argv), env=env, cwd=cwd, marker=env[procs.MARKER], deadline_s=deadline_s,
+                    stdout=stdout, stderr=stderr, ladder=((signal.SIGTERM, KILL_WAIT_S),), sweep=False,
+                    parent_death=signal.SIGTERM)
+    return end.exit_code, end.timed_out, end.wall_s
 
 
-def wait_ready(proc: subprocess.Popen, log: Path, url: str | None, log_regex: str | None,
+def wait_ready(proc: procs.Group, log: Path, url: str | None, log_regex: str | None,
                deadline_s: float) -> tuple[float | None, str | None]:
     """(seconds to ready, None), or (None, why not): the server exited, or the deadline passed."""
     t0 = time.monotonic()
@@ -152,4 +99,4 @@ def _answers_200(url: str) -> bool:
 
 def kill_marked(marker: str) -> int:
     """End every process still carrying the launch's marker (left its group); how many."""
-    return launcher.kill_marked(marker)
+    return procs.kill_marked(marker)

@@ -187,8 +187,16 @@ def doctor(pythons=(), *, expect: dict | None = None, profile=None, nvml_reading
     det = detect_mod.detect(pythons, nvml_readings=nvml_readings, with_torch=with_torch, sysfs_root=sysfs_root)
     env = envcheck.check_env(expect, profile=profile, conf_root=conf_root)
     # the interpreters detect probed; one whose hooks could not be probed is not started again
-    libs = [ncclib.probe(r.python) for r in det.pythons if r.hooks is not None] if with_libs else []
+    # each as whom the hook probe's trust check started it (as root: the owner of a tree not root's alone)
+    libs = [ncclib.probe(r.python, run_as=_run_as(r.hooks)) for r in det.pythons if r.hooks is not None] \
+        if with_libs else []
     return DoctorReport(findings(det, env, libs), det, env, libs)
+
+
+def _run_as(hooks) -> "trust.RunAs | None":
+    from . import trust
+
+    return None if not hooks.run_as else trust.RunAs(hooks.run_as[0], hooks.run_as[1], "its hook probe's owner")
 
 
 def render(r: DoctorReport) -> str:

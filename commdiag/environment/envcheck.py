@@ -446,9 +446,7 @@ def gpu_count() -> int:
 def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_installed: bool = True,
                nproc: int | None = None, conf_root: str | None = None) -> NcclCheck:
     """Bring NCCL up under torchrun (one process per visible GPU) and compare what it applied."""
-    import subprocess
-    import tempfile
-
+    from .. import procs
     from ..childpython import module_argv
 
     n = nproc or gpu_count()
@@ -470,19 +468,17 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
     env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="ENV,INIT,TUNING" if requested else "ENV,INIT")
     sizes = check_sizes(env)
     env.pop("NCCL_DEBUG_FILE", None)  # the log must come to stdout to be parsed
-    with tempfile.TemporaryDirectory(prefix="commdiag-nccl-") as d:
-        script = Path(d, "nccl_worker.py")
+    with procs.private_folder("commdiag-nccl-") as d:
+        script = d / "nccl_worker.py"
         script.write_text(_NCCL_WORKER)
         argv = module_argv("torch.distributed.run", ["--standalone", "--nnodes=1", f"--nproc-per-node={n}",
                                                      "--max-restarts=0", str(script), *map(str, sizes)])
-        # cwd: a Python child puts its working folder first on its path; this one holds only the worker
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=d)
-        try:
-            out, _ = proc.communicate(timeout=NCCL_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            out, _ = proc.communicate()
+        # cwd: a Python child puts its working folder first on its path; this one holds only the worker.
+        # torchrun starts each worker in a session of its own: past the deadline procs ends the agent's
+        # group, then the workers by their marker, and stops reading the pipe they hold.
+        end = procs.run(argv, env=env, cwd=d, deadline_s=NCCL_TIMEOUT_S, stdout=procs.PIPE, stderr=procs.STDOUT)
+        out = end.stdout
+        if end.timed_out:
             raise CommdiagError(f"check-env --nccl: NCCL did not come up within {NCCL_TIMEOUT_S:.0f}s; "
                                 f"last output: {out.decode(errors='replace')[-500:]}", exit_code=1)
     text = out.decode(errors="replace")
@@ -492,7 +488,7 @@ def check_nccl(expect: dict[str, str] | None = None, *, profile=None, use_instal
             _, r, p = line.split()
             ranks[int(p)] = int(r)
     return NcclCheck(expected, source, compare_nccl(text, expected, ranks), nccl_conf_files(env, conf_root), note,
-                     proc.returncode, "\n".join(text.splitlines()[-20:]) if proc.returncode else "", text,
+                     end.exit_code, "\n".join(text.splitlines()[-20:]) if end.exit_code else "", text,
                      compare_tuner(text, requested, ranks, sizes, list(ranks)),
                      transports.summary_json(transports.parse(text).values()))
 

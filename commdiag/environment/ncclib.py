@@ -313,19 +313,22 @@ def plan(env: dict[str, str], euid: int | None = None) -> tuple[list[list[str]],
     return load, skipped
 
 
-def probe(python: str | None = None, env: dict[str, str] | None = None, *, euid: int | None = None) -> NcclLibs:
+def probe(python: str | None = None, env: dict[str, str] | None = None, *, euid: int | None = None,
+          run_as=None) -> NcclLibs:
     """Start ``python`` (default: this one) isolated and report its NCCL libraries; never raises for a
-    target that cannot be probed (``error`` says why)."""
+    target that cannot be probed (``error`` says why).  ``run_as`` (trust.RunAs, the choice the hook
+    probe's trust check made for this interpreter): started as that user, as every other start of
+    it is (``-I`` still runs its .pth files)."""
     import json
 
     exe = python or sys.executable
     env = dict(os.environ if env is None else env)
-    euid = os.geteuid() if euid is None else euid
+    euid = (os.geteuid() if euid is None else euid) if run_as is None else run_as.uid
     if euid == 0 and (why := root_refusal(exe, env)):
         return NcclLibs(exe, error=f"not run as root: {why}; run this check as the user that owns it")
     load, skipped = plan(env, euid)
     try:
-        raw = pyprobe._run([exe, "-I", "-c", _SCRIPT, json.dumps({"load": load})], env)
+        raw = pyprobe._run([exe, "-I", "-c", _SCRIPT, json.dumps({"load": load})], env, run_as=run_as)
     except CommdiagError as e:
         return NcclLibs(exe, error=f"{e} ({TORCH_TIMEOUT_NOTE})" if "did not answer" in str(e) else str(e))
     return _from_reply(exe, raw, skipped)

@@ -6,7 +6,7 @@ env=os.environ.copy(), a torchrun worker and a spawn grandchild of it) and repor
 what arrived in each, including sentinels commdiag sets itself: one before the
 mechanism started, one after (the late-change case: a forkserver keeps the
 environment of the moment it started), and one set with os.putenv only (in
-getenv, not in os.environ).  multiprocessing, subprocess and tempfile are imported
+getenv, not in os.environ).  multiprocessing and procs are imported
 only here, so ``check-env`` without ``--propagation`` stays light.
 
 Every child starts in a private temporary folder (and the spawn and forkserver children while
@@ -113,16 +113,19 @@ _CHILD_CMD = ("import sys, json; sys.path.insert(0, {parent!r}); from commdiag.e
 
 
 def _subprocess_path(copy_env: bool, names, tmp: Path, late_value: str) -> dict:
-    import subprocess
+    from .. import procs
 
     env = os.environ.copy() if copy_env else None  # the framework copies its environment at start-up
     os.environ[LATE_VAR] = late_value
-    # -I: the child imports this commdiag (PACKAGE_PARENT) and the standard library, nothing else
-    cp = subprocess.run(isolated_argv(_CHILD_CMD.format(parent=PACKAGE_PARENT), names), env=env, cwd=tmp,
-                        capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    if cp.returncode != 0:
-        raise RuntimeError(f"child exited with {cp.returncode}: {cp.stderr.strip()[-300:]}")
-    return json.loads(cp.stdout.strip().splitlines()[-1])
+    # -I: the child imports this commdiag (PACKAGE_PARENT) and the standard library, nothing else.
+    # env=None: procs starts it with this process's own environment, putenv included (as subprocess does).
+    end = procs.run(isolated_argv(_CHILD_CMD.format(parent=PACKAGE_PARENT), names), env=env, cwd=tmp,
+                    deadline_s=CHILD_TIMEOUT_S)
+    if end.timed_out:
+        raise TimeoutError(f"child did not answer within {CHILD_TIMEOUT_S:.0f}s")
+    if end.exit_code != 0:
+        raise RuntimeError(f"child exited with {end.exit_code}: {end.stderr.decode(errors='replace').strip()[-300:]}")
+    return json.loads(end.stdout.decode().strip().splitlines()[-1])
 
 
 _TORCHRUN_SCRIPT = """import sys
@@ -134,25 +137,22 @@ if __name__ == "__main__":
 
 
 def _torchrun_paths(names, tmp: Path, late_value: str) -> tuple[dict, dict]:
-    import subprocess
+    from .. import procs
 
     script = tmp / "torchrun_worker.py"
     script.write_text(_TORCHRUN_SCRIPT.format(parent=PACKAGE_PARENT))
     argv = module_argv("torch.distributed.run", ["--standalone", "--nnodes=1", "--nproc-per-node=1",
                                                  "--max-restarts=0", str(script), str(tmp), *names])
-    # env=None: torchrun inherits this process's environment as a shell-started torchrun would.
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, cwd=tmp)
+    # env=None: torchrun inherits this process's environment as a shell-started torchrun would.  Its
+    # worker runs in a session of its own: past the deadline procs ends it by the marker.
+    group = procs.start(argv, env=None, cwd=tmp, stdout=procs.PIPE, stderr=procs.STDOUT)
     os.environ[LATE_VAR] = late_value  # after the agent started: it cannot reach the agent or its workers
-    try:
-        out, _ = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.communicate()
+    end = procs.finish(group, deadline_s=TORCHRUN_TIMEOUT_S)
+    if end.timed_out:
         raise TimeoutError(f"torchrun did not finish within {TORCHRUN_TIMEOUT_S:.0f}s")
-    if proc.returncode != 0:
-        tail = out.decode(errors="replace").strip().splitlines()[-3:]
-        raise RuntimeError(f"torchrun exited with {proc.returncode}: {' | '.join(tail)}")
+    if end.exit_code != 0:
+        tail = end.stdout.decode(errors="replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"torchrun exited with {end.exit_code}: {' | '.join(tail)}")
     return (json.loads((tmp / "torchrun-rank0.json").read_text()),
             json.loads((tmp / "grandchild-rank0.json").read_text()))
 
@@ -172,6 +172,21 @@ def _working_folder(path: str):
             os.close(here)
 
 
+@contextlib.contextmanager
+def _scratch_tempdir():
+    """Meanwhile ``tempfile``'s folder is procs.scratch_root(): multiprocessing's forkserver keeps its
+    socket in a ``pymp-*`` folder made there, which as root must not be a TMPDIR of another user's."""
+    import tempfile
+
+    from .. import procs
+
+    saved, tempfile.tempdir = tempfile.tempdir, procs.scratch_root()
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+
+
 def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use_installed: bool = True,
                       torchrun: bool = True) -> Propagation:
     """Start children every way frameworks do; report, per path, which expected variables arrived.
@@ -183,7 +198,8 @@ def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use
     process's os.environ is restored afterwards.
     """
     import multiprocessing
-    import tempfile
+
+    from .. import procs
 
     expected, source = resolve_expectation(expect, profile, use_installed)
     names = list(dict.fromkeys([*expected, EARLY_VAR, LATE_VAR, PUTENV_VAR]))
@@ -204,8 +220,7 @@ def check_propagation(expect: dict[str, str] | None = None, *, profile=None, use
         finally:
             os.environ.pop(LATE_VAR, None)
 
-    with tempfile.TemporaryDirectory(prefix="commdiag-prop-") as d, _working_folder(d):
-        tmp = Path(d)
+    with procs.private_folder("commdiag-prop-") as tmp, _working_folder(tmp), _scratch_tempdir():
         results.append(PathResult("this process", "-", _arrived(_observe(names)["vars"], expected), os.getpid(),
                                   _observe(names)["vars"]))
         for method in ("fork", "spawn", "forkserver"):

@@ -38,10 +38,10 @@ import errno
 import json
 import os
 import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, replace
 
+from .. import procs
 from ..childpython import child_env, guarded
 from ..errors import CommdiagError, brief
 from . import trust
@@ -212,7 +212,7 @@ class PythonHooks:
 
 def _run(argv: list[str], env: dict | None, stdin: str | None = None, run_as=None) -> dict:
     """Start the target, read its reply; a hostile or broken interpreter costs at most
-    PROBE_TIMEOUT_S and OUTPUT_CAP bytes of memory per stream, leaves no process behind (its
+    PROBE_TIMEOUT_S and procs.OUTPUT_CAP bytes of memory per stream, leaves no process behind (its
     whole process group is killed when it is done or out of time), and ends in one CommdiagError."""
     try:
         rc, out, err, timed_out = run_bounded(argv, env=env, stdin=stdin, run_as=run_as)
@@ -247,86 +247,19 @@ def run_bounded(argv: list[str], *, env: dict | None, stdin: str | None = None, 
                 timeout: float | None = None, run_as=None) -> tuple[int | None, bytes, bytes, bool]:
     """Run an untrusted interpreter: (exit code, stdout tail, stderr tail, timed out).
 
-    In its own session; at most ``timeout`` seconds (default PROBE_TIMEOUT_S) and OUTPUT_CAP
-    bytes kept per stream; afterwards its whole process group is killed, so no child it started
-    outlives the call.  ``run_as`` (trust.RunAs): started as that user, with no other group, in
-    ``cwd`` or ``/``.  OSError from starting it is raised as it is."""
-    drop = run_as.popen() if run_as is not None else {}
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            cwd=cwd if cwd is not None or run_as is None else "/",
-                            start_new_session=True, **drop)
-    try:
-        out, err, timed_out = _collect(proc, stdin, PROBE_TIMEOUT_S if timeout is None else timeout)
-    finally:
-        _end_group(proc)
-    return (None if timed_out else proc.returncode), out, err, timed_out
-
-
-OUTPUT_CAP = 4 << 20  # bytes kept per stream (the tail: the reply is the last line); a real reply is < 100 KB
+    A procs.run group: in its own session and in ``cwd`` (default ``/``); at most ``timeout``
+    seconds (default PROBE_TIMEOUT_S) and procs.OUTPUT_CAP bytes kept per stream; afterwards its
+    whole process group, and whatever it started that carries its marker, gets SIGKILL (no grace:
+    nothing of it is worth waiting for), so no child it started outlives the call.  ``run_as``
+    (trust.RunAs): started as that user, with no other group.  OSError from starting it is raised
+    as it is."""
+    end = procs.run(argv, env=env, cwd=cwd or "/", deadline_s=PROBE_TIMEOUT_S if timeout is None else timeout,
+                    stdin=stdin.encode() if stdin is not None else None, ladder=(), run_as=run_as)
+    return end.exit_code, end.stdout, end.stderr, end.timed_out
 
 
 def _clip(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
-
-
-def _collect(proc: subprocess.Popen, stdin: str | None, timeout: float) -> tuple[bytes, bytes, bool]:
-    """Read stdout and stderr until EOF or the deadline, keeping the last OUTPUT_CAP bytes of each."""
-    import selectors
-    import time
-
-    if stdin is not None:
-        try:
-            proc.stdin.write(stdin.encode())
-            proc.stdin.close()
-        except OSError:
-            pass
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        for f in bufs:
-            sel.register(f, selectors.EVENT_READ)
-        exited = False
-        while sel.get_map():
-            if not exited and proc.poll() is not None:
-                # the target is done; a child it left behind may hold the pipes open: drain briefly
-                exited, deadline = True, min(deadline, time.monotonic() + 0.5)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                if exited:
-                    break
-                return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), True
-            for key, _ in sel.select(min(left, 1.0)):
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf = bufs[key.fileobj]
-                buf += chunk
-                if len(buf) > OUTPUT_CAP:
-                    del buf[:len(buf) - OUTPUT_CAP]
-    try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-    except subprocess.TimeoutExpired:
-        return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), True
-    return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), False
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    """Kill the probe's process group (it and any child it left behind) and reap it."""
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-    for f in (proc.stdout, proc.stderr, proc.stdin):
-        if f is not None:
-            f.close()
 
 
 # What the probe script replies, by key: checked before use (the reply comes from the target).

@@ -52,11 +52,7 @@ class RunAs:
 
     uid: int
     gid: int
-    because: str  # the finding, for messages
-
-    def popen(self) -> dict:
-        """subprocess.Popen's arguments that drop to this identity in the child."""
-        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+    because: str  # the finding, for messages (procs.start drops to uid and gid, and no other group)
 
 
 def _name(uid: int) -> str:

@@ -57,6 +57,13 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
        own output ``launch-servers.log``.  Bumped because an older commdiag cannot read a spec with
        ``launch`` (it would fail, not ignore it).  Version 1-4 folders are still read: their spec
        has no ``launch`` and was run with torchrun.
+    6  forkserver exact for every variable (docs/launch-methods.md, "What a child may change after
+       the fork"): run.json ``launch.server_groups`` (per group of launch servers started: ``index``,
+       ``key``, ``proof``, ``closed``?) and per forkserver launch ``server_group``.  A config that
+       sets a variable read before the fork (TORCH_DISTRIBUTED_DEBUG, OMP_NUM_THREADS, LD_*) now runs
+       on servers started with it instead of torchrun or a child that kept the server's value.
+       Bumped so that an older commdiag, whose servers did not, cannot resume or confirm such a run.
+       Version 1-5 folders are still read.
 """
 
 from __future__ import annotations
@@ -73,7 +80,7 @@ from ..atomic import write_json, write_text
 from ..errors import CommdiagError, brief
 
 RUN_FORMAT = "commdiag-run"
-RUN_FORMAT_VERSION = 5  # 5: spec.launch, run.launch, launches[].launched_by (history above)
+RUN_FORMAT_VERSION = 6  # 6: run.launch.server_groups, launches[].server_group (history above)
 
 SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
                    "enqueue_us"]

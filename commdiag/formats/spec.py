@@ -36,7 +36,9 @@ STEP_VIAS = ("step", "step-compute", "step-comm")
 REPLAY_STREAMS = ("side", "default")
 # How each launch's processes start (docs/launch-methods.md): a fork of a per-rank launch server
 # that imported torch once, or a fresh torchrun.  The default, per backend, is this one table.
-LAUNCH_METHODS = ("forkserver", "torchrun")
+# ``slurm``: each launch is one srun job step over the allocation's nodes (measure/slurm.py); the
+# default when nnodes > 1 (docs/multinode.md).
+LAUNCH_METHODS = ("forkserver", "torchrun", "slurm")
 # nccl stays on torchrun until the fork server's 2-GPU A/A against it (benchmarks/gpu_forkserver.sh) is
 # recorded: proof 1 (NCCL's own ENV/INIT lines) passed on one GPU, the equivalence of the measurements
 # needs two (docs/launch-methods.md, "Which is the default").
@@ -61,6 +63,7 @@ LIMITS = {
     "iters": 100_000,           # (L)
     "batch": 100_000,           # (L) all-reduces per sample window
     "window_us": 10_000_000,    # 10 s of device time per sample
+    "time_per_size_ms": 600_000,  # 10 minutes of timing per size
     "timeout_s": 7 * 24 * 3600,  # a week: a deadline must exist and be finite
     "sizes": 1000,              # distinct message sizes (L)
     "size_bytes": 1 << 36,      # 64 GiB per rank: more than any GPU holds
@@ -87,6 +90,9 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "iters": ((int,), 200),
     "batch": ((int, str), "auto"),
     "window_us": ((int, float), 500),
+    # the timing budget per size, mode and call path: as many samples as fit, at least 20, at most
+    # iters (worker.timed_count); null: exactly iters everywhere (the count before 2026-12-04)
+    "time_per_size_ms": ((int, float, type(None)), 250),
     "modes": ((list, type(None)), None),
     "vias": ((list, type(None)), None),
     "replay_stream": ((str,), "side"),
@@ -158,6 +164,8 @@ class Spec:
     confirm_rounds: int | None = None
     # commdiag step: the layer's shape (stepspec.StepModel as a dict); None for an all-reduce sweep.
     model: dict | None = None
+    # ms of timing per size, mode and call path (None: exactly ``iters``; runs stored before the key)
+    time_per_size_ms: float | None = None
 
     def config(self, name: str) -> Config:
         return next(c for c in self.configs if c.name == name)
@@ -428,8 +436,11 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         _bounded_int(path, "nproc_per_node", nproc)
     nnodes = _bounded_int(path, "nnodes", get("nnodes"))
     rdzv = get("rdzv_endpoint")
-    if nnodes > 1 and not rdzv:
-        raise SpecError(path, "rdzv_endpoint", "required when nnodes > 1: host:port of the c10d rendezvous")
+    launch = get("launch")
+    if nnodes > 1 and not rdzv and launch == "torchrun":
+        raise SpecError(path, "rdzv_endpoint", "required with launch: torchrun and nnodes > 1: host:port of "
+                                               "the c10d rendezvous (or leave launch unset: inside Slurm each "
+                                               "launch is one srun over the allocation; docs/multinode.md)")
     if rdzv:
         _check_endpoint(path, rdzv)
     large = bool(get("allow_large"))
@@ -442,6 +453,10 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
             raise SpecError(path, "batch", f"{brief(batch)} must be auto or an integer >= 1")
         _bounded_int(path, "batch", batch, large=large)
     window_us = _bounded_number(path, "window_us", get("window_us"), "microseconds")
+    time_per_size_ms = get("time_per_size_ms")
+    if time_per_size_ms is not None:
+        time_per_size_ms = float(_bounded_number(path, "time_per_size_ms", time_per_size_ms,
+                                                 "milliseconds (or null: exactly iters samples)"))
     timeout_s = _bounded_number(path, "timeout_s", get("timeout_s"), "seconds")
 
     modes = get("modes")
@@ -461,9 +476,8 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
             vias = ["torch", "nccl-direct"] if backend == "nccl" else ["torch"]
         vias = _choices(path, "vias", vias, VIAS,
                         {"nccl-direct": "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch"}, backend)
-    launch = get("launch")
     if launch is None:
-        launch = DEFAULT_LAUNCH[backend]
+        launch = "slurm" if nnodes > 1 else DEFAULT_LAUNCH[backend]
     if launch not in LAUNCH_METHODS:
         raise SpecError(path, "launch", f"{brief(launch)} is not one of {', '.join(LAUNCH_METHODS)} "
                                         f"(default for backend {backend}: {DEFAULT_LAUNCH[backend]})")
@@ -503,7 +517,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
         reuse_process=bool(get("reuse_process")), launch=launch,
         confirm_configs=confirm_configs, confirm_rounds=confirm_rounds,
-        model=model,
+        model=model, time_per_size_ms=None if model else time_per_size_ms,
     )
 
 

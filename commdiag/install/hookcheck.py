@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import PACKAGE_PARENT
+from .. import PACKAGE_PARENT, procs
 from ..childpython import child_env
 from . import hookplan, hookstate
 from ..formats import profile as profile_mod
@@ -88,7 +87,7 @@ if __name__ == "__main__":
 def run_fresh(python: str, script: str, args: list[str], *, env: dict, flags=(), run_as=None) -> dict:
     """Run ``script`` (a file, so that spawn children can re-import it) in a fresh ``python``
     (``run_as``: as that user, who may read but not change the script or its folder)."""
-    with tempfile.TemporaryDirectory(prefix="commdiag-verify-") as tmp:
+    with procs.private_folder("commdiag-verify-") as tmp:  # as root: never under a TMPDIR of another user
         path = os.path.join(tmp, "commdiag_verify.py")
         Path(path).write_text(script)
         if run_as is not None:

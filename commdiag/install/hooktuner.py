@@ -25,7 +25,6 @@ import os
 import posixpath
 import re
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,9 +128,10 @@ def read_rules(path: str | Path) -> tuple[bytes, int, str]:
 def compile_library(cc: str | None = None) -> tuple[bytes, str]:
     """The plugin compiled here, into a temporary folder (nothing installed is touched): bytes,
     compiler (``cc``: ``--cc``; otherwise build.find_compiler's choice, a fixed one as root)."""
+    from .. import procs
     from ..tuner import build
 
-    with tempfile.TemporaryDirectory(prefix="commdiag-tuner-") as tmp:
+    with procs.private_folder("commdiag-tuner-") as tmp:  # as root: never under a TMPDIR of another user
         res = build.build_result(tmp, cc=cc)
         return res.library.read_bytes(), res.compiler
 

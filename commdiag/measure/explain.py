@@ -31,7 +31,8 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-from . import launcher
+from .. import procs
+from . import launcher, runlock
 from ..nccl import ncclog, transports, tunerlog
 from ..formats import results
 from ..errors import CommdiagError
@@ -133,54 +134,87 @@ def stored(run_dir, run: dict) -> dict:
     return data
 
 
+# As root, never passed from a run.json into what explain starts: what the loader and the interpreter
+# read at start (a library of the user's, run as root, before any commdiag code).
+ROOT_REFUSED_PREFIXES = ("LD_", "PYTHON")
+
+
+def refuse_start_variables(run_dir, run: dict) -> None:
+    """As root, one error for a config of run.json that sets a loader or interpreter variable."""
+    import os
+
+    if os.geteuid() != 0:
+        return
+    for c in run["configs"]:
+        bad = sorted(k for k in c["env"] if k.startswith(ROOT_REFUSED_PREFIXES))
+        if bad:
+            raise CommdiagError(f"{Path(run_dir) / 'run.json'}: config {c['name']!r} sets {', '.join(bad)}; as root, "
+                                "explain never starts a launch with a loader or interpreter variable taken from "
+                                "a run folder (allowed: NCCL and other settings); run explain as the user who "
+                                "made the run")
+
+
 def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
-    """Run one untimed TUNING launch per config of ``run_dir`` and store the result in run.json."""
+    """Run one untimed TUNING launch per config of ``run_dir`` and store the result in run.json.
+
+    Under the run folder's lock (runlock.hold: one commdiag per folder; as root, a folder another user
+    can change is refused).  Every launch's marker is in run.json (``explain_markers``) before the
+    launch starts, so after a kill -9 the next explain, sweep ``--resume`` or ``confirm`` of the folder
+    ends what is left of it (runlock.reap_orphans); they are dropped when explain completes."""
     import os
 
     run_dir = Path(run_dir)
-    run = results.load_run_json(run_dir)
-    spec = Spec.from_json(run["spec"])
-    require_nccl(run_dir, spec.backend)
-    base_env = dict(os.environ if env is None else env)
-    sizes = [s.bytes for s in spec.sizes]
-    explained: dict[str, dict] = {}
-    version = None
-    root = run_dir / "explain"
-    for n, config in enumerate(run["configs"]):
-        folder = root / f"{n:04d}"
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
-                 "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")}
-        plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0, "iters": 0,
-                "batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
-                "out_dir": str(folder.resolve()), "config": config["name"], "nccl_debug_file": None}
-        outcome, _ = launcher.launch_worker(
-            folder, plan, base_env=base_env, config_env=config["env"], extra_env=debug,
-            nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
-            rdzv_id=f"commdiag-explain-{spec.name}-{run['seed']}-{n}", deadline_s=spec.timeout_s)
-        text = "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("nccl.*.log")))
-        entry = {"status": "ok", "error": None, "sizes": choices_by_size(text, sizes)}
-        procs = ncclog.parse(text)
-        version = version or next((p.version for p in procs.values() if p.version), None)
-        if outcome.timed_out or outcome.exit_code != 0:
-            entry["status"] = "timeout" if outcome.timed_out else "failed"
-            entry["error"] = (folder / "torchrun.log").read_text(errors="replace")[-2000:]
-        elif not entry["sizes"]:
-            entry["status"] = "no-tuning-lines"
-            entry["error"] = "NCCL printed no TUNING lines (NCCL older than 2.24 may print none): choices unknown"
-        entry["overrides"] = dict(config.get("overrides") or {})
-        entry["transports"] = transports.summary_json(transports.parse(text).values())
-        tuner = tuner_by_size(text, sizes, {**base_env, **config["env"]}.get("NCCL_TUNER_PLUGIN"))
-        if tuner is not None:
-            entry["tuner"] = tuner
-        explained[config["name"]] = entry
-    run = results.load_run_json(run_dir)  # re-read: keep anything written meanwhile
-    run["explain"] = {"nccl_version": version, "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(),
-                      "configs": explained, "notes": notes(run["configs"], explained)}
-    results.save_run(run_dir, run)
-    return run["explain"]
+    with runlock.hold(run_dir):
+        run = results.load_run_json(run_dir)
+        spec = Spec.from_json(run["spec"])
+        require_nccl(run_dir, spec.backend)
+        refuse_start_variables(run_dir, run)
+        runlock.reap_orphans(run)  # an earlier explain's launches, killed with it
+        base_env = dict(os.environ if env is None else env)
+        sizes = [s.bytes for s in spec.sizes]
+        explained: dict[str, dict] = {}
+        version = None
+        root = run_dir / "explain"
+        for n, config in enumerate(run["configs"]):
+            folder = root / f"{n:04d}"
+            if folder.exists():
+                shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
+                     "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")}
+            plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0,
+                    "iters": 0, "batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
+                    "out_dir": str(folder.resolve()), "config": config["name"], "nccl_debug_file": None}
+            marker = procs.new_marker()
+            run.setdefault("explain_markers", []).append(marker)
+            results.save_run(run_dir, run)  # on disk before any process carries it
+            outcome, _ = launcher.launch_worker(
+                folder, plan, base_env=base_env, config_env=config["env"], extra_env=debug,
+                nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
+                rdzv_id=f"commdiag-explain-{spec.name}-{run['seed']}-{n}", deadline_s=spec.timeout_s, marker=marker)
+            if outcome.interrupted:
+                raise KeyboardInterrupt
+            text = "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("nccl.*.log")))
+            entry = {"status": "ok", "error": None, "sizes": choices_by_size(text, sizes)}
+            parsed = ncclog.parse(text)
+            version = version or next((p.version for p in parsed.values() if p.version), None)
+            if outcome.timed_out or outcome.exit_code != 0:
+                entry["status"] = "timeout" if outcome.timed_out else "failed"
+                entry["error"] = (folder / "torchrun.log").read_text(errors="replace")[-2000:]
+            elif not entry["sizes"]:
+                entry["status"] = "no-tuning-lines"
+                entry["error"] = "NCCL printed no TUNING lines (NCCL older than 2.24 may print none): choices unknown"
+            entry["overrides"] = dict(config.get("overrides") or {})
+            entry["transports"] = transports.summary_json(transports.parse(text).values())
+            tuner = tuner_by_size(text, sizes, {**base_env, **config["env"]}.get("NCCL_TUNER_PLUGIN"))
+            if tuner is not None:
+                entry["tuner"] = tuner
+            explained[config["name"]] = entry
+        run.pop("explain_markers", None)  # every launch has ended: nothing carries them any more
+        run["explain"] = {"nccl_version": version, "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(),
+                          "configs": explained, "notes": notes(run["configs"], explained)}
+        results.save_run(run_dir, run)
+        return run["explain"]
 
 
 def render(explain: dict, sizes: list[dict]) -> str:

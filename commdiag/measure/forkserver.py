@@ -1,13 +1,15 @@
 """One rank's launch server: imports torch and the worker once, then forks a fresh child per launch.
 
 Started by serverpool.py as ``python -P -m commdiag.measure.forkserver`` (one per local rank, in
-its own session, its environment the user's plus the pool's marker).  Its stdin and stdout are the
-control channel, one JSON document per line:
+its own session, its environment the launch's less what a child may take after the fork, with the
+pool's marker).  Its stdin and stdout are the control channel, one JSON document per line:
 
     commdiag -> server   {"launch": INDEX, "env": {...}, "plan": PATH, "log": PATH}
-    server -> commdiag   {"ready": PID}                      once, after the imports
+    server -> commdiag   {"ready": PID, "proof": PROOF}      once, after the imports (afterfork.Proof)
                          {"started": PID}                    the child of that launch is forked
-                         {"refused": REASON}                 not clean any more: nothing forked
+                         {"refused": REASON}                 not clean any more, or the launch
+                                                             changes a variable read before the
+                                                             fork: nothing forked
                          {"exit": CODE or -SIGNAL, "pid": PID} the child ended (waitpid)
 
 What the server may do before a fork: import torch, torch.distributed and commdiag.measure.worker
@@ -16,6 +18,12 @@ from such a process reads every variable fresh when it initialises CUDA and NCCL
 as a fresh process does (NCCL caches its variables per process, at first use; CUDA reads
 CUDA_VISIBLE_DEVICES at cuInit).  Before every fork it checks that it still is so (``dirty``) and
 refuses otherwise: the sweep then stops using servers for the rest of the run (fail closed).
+
+Exact for every variable (afterfork.py): the server spies on its own ``os.environ`` reads from its
+first line on, and a launch whose environment differs from the server's start environment in any
+variable that is not proven unread before the fork (``Proof.safe``) is refused, not forked.
+serverpool.py starts servers keyed so that this never happens; the refusal is the check that
+makes a wrong key a refusal instead of a silently wrong child.
 
 EOF on stdin (commdiag exited, kill -9 included) ends the server: it kills every child it started,
 with its process group, and exits.
@@ -33,6 +41,9 @@ import signal
 import sys
 import threading
 import traceback
+
+from .. import procs
+from . import afterfork
 
 TEST_DIRTY = "COMMDIAG_TEST_SERVER_DIRTY"
 DROP_PREFIXES = ("TORCHELASTIC_",)  # torchrun's own agent variables: no agent here
@@ -56,12 +67,27 @@ def _reply(out, **msg) -> None:
     out.flush()
 
 
+class _State:
+    """What the server knows of itself: its start environment, its spy, its torch build."""
+
+    def __init__(self, start_env: dict[str, str], spy: afterfork.EnvironSpy | None, torch_version: str):
+        self.start_env, self.spy, self.torch_version = start_env, spy, torch_version
+
+    def proof(self) -> afterfork.Proof:
+        return afterfork.Proof.of_server(self.spy or afterfork.EnvironSpy(), self.torch_version)
+
+
+_STATE: _State | None = None
+
+
 def child(env: dict, plan: str, log: str, close: list[int]) -> None:
     """In the forked child: a session of its own, output to the launch log, the launch's environment,
     then the worker; never returns.  ``close``: the server's descriptors (the control channel's
     write end, other children's pidfds): a child holding them would hide the server's death."""
     code = 1
     try:
+        if _STATE is not None and _STATE.spy is not None:
+            _STATE.spy.uninstall()  # the child's os.environ is the plain one again
         for fd in close:
             os.close(fd)
         os.setsid()
@@ -102,7 +128,7 @@ def serve(inp, out) -> int:
     """The command loop: fork per launch command, report exits, end at EOF."""
     children: dict[int, int | None] = {}  # pid -> pidfd (None: polled)
     buf = b""
-    _reply(out, ready=os.getpid())
+    _reply(out, ready=os.getpid(), proof=_STATE.proof().to_json() if _STATE else None)
     try:
         while True:
             fds = [inp] + [fd for fd in children.values() if fd is not None]
@@ -126,15 +152,12 @@ def serve(inp, out) -> int:
                 if line.strip():
                     _command(json.loads(line), children, out, inp)
     finally:
-        for pid in children:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        for pid in children:  # forked here and not reaped: the pid is still this child's
+            procs.signal_leader(pid, signal.SIGKILL)
 
 
 def _command(cmd: dict, children: dict, out, inp: int) -> None:
-    why = dirty()
+    why = dirty() or _changes_read_variables(cmd["env"])
     if why:
         _reply(out, refused=why)
         return
@@ -150,12 +173,31 @@ def _command(cmd: dict, children: dict, out, inp: int) -> None:
     _reply(out, started=pid)
 
 
+def _changes_read_variables(env: dict) -> str | None:
+    """Why ``env`` cannot be given to a child of this server: it changes a variable that is not
+    proven unread before the fork (None: it changes none)."""
+    if _STATE is None:
+        return None
+    proof = _STATE.proof()
+    bad = proof.differing_unsafe(_STATE.start_env, env, ignore=DROP_PREFIXES)
+    if not bad:
+        return None
+    shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+    return (f"the launch changes {shown}, not proven unread before the fork (torch {proof.torch}): "
+            "a child would keep the server's value")
+
+
 def main() -> int:
+    global _STATE
+    start_env = dict(os.environ)  # before the spy: this walk is the server's own, not an import's
+    spy = afterfork.EnvironSpy().install()
     # Imported here, once, for every child: what a fresh worker would import itself (3 s on H200).
-    import torch  # noqa: F401
+    import torch
     import torch.distributed  # noqa: F401
 
     from . import worker  # noqa: F401
+
+    _STATE = _State(start_env, spy, str(torch.__version__))
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # its own session; commdiag ends it by EOF or signal
     out = os.fdopen(os.dup(1), "wb", buffering=0)

@@ -1,33 +1,27 @@
-"""One torchrun launch under a deadline: argv, environment, supervision, and cleanup.
+"""One torchrun launch under a deadline: argv and environment; procs.py starts and reaps it.
 
 Every launch is a fresh ``python -P -m torch.distributed.run`` (childpython.module_argv: the
-folder the sweep was started from is on no path, the workers' either) in its own session, with
-an explicit environment: the user's, then the config's variables, then commdiag's
-own (a unique ``COMMDIAG_LAUNCH_ID`` marker, and NCCL's debug settings unless the
-user set NCCL_DEBUG).  The deadline covers start, measurement and teardown (a
-teardown hang after CUDA-graph capture has been seen on real GPUs).  Past it the
-whole process group gets SIGTERM, a grace period, then SIGKILL; finally every
-process still carrying the launch's marker in its environment is killed, which
-also catches workers that left the group.
+folder the sweep was started from is on no path, the workers' either) in its own session and in
+its launch folder, with an explicit environment: the user's, then the config's variables, then
+commdiag's own (a unique ``COMMDIAG_LAUNCH_ID`` marker, and NCCL's debug settings unless the
+user set NCCL_DEBUG).  The deadline covers start, measurement and teardown (a teardown hang after
+CUDA-graph capture has been seen on real GPUs).  Past it procs.run gives the whole process group
+SIGTERM, a grace period, then SIGKILL; finally every process still carrying the launch's marker
+in its environment is killed, which also catches workers that left the group.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
-import signal
-import subprocess
-import threading
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import PACKAGE_PARENT
+from .. import PACKAGE_PARENT, procs
 from ..childpython import module_argv
-
-KILL_GRACE_S = 5.0  # torchrun forwards SIGTERM to its workers; give them this long to exit
-MARKER = "COMMDIAG_LAUNCH_ID"
+# The marker and the ladder live in procs; these names stay importable from here for the launch
+# servers (measure/serverpool.py) until they start their processes through procs too.
+from ..procs import KILL_GRACE_S, MARKER, carries_marker, kill_marked, marked_pids, new_marker  # noqa: F401
 
 
 @dataclass
@@ -38,14 +32,6 @@ class Progress:
     total: int
     launch: dict
     eta_s: float | None
-
-
-def take_back_sigint() -> None:
-    """The default Ctrl-C handler in the main thread.  Started with SIGINT ignored (nohup, a
-    background job of a script, some service managers), Ctrl-C and `kill -INT` would do nothing,
-    and a sweep, an ab run or a hung p2p probe could not be interrupted and resumed."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def utc_now() -> str:
@@ -88,36 +74,15 @@ def launch_env(base: dict[str, str], config_env: dict[str, str], extra: dict[str
     return env
 
 
-def new_marker() -> str:
-    return uuid.uuid4().hex
-
-
 def run(argv: list[str], env: dict[str, str], log_path: Path, deadline_s: float) -> LaunchOutcome:
-    """Run ``argv`` to completion or to its deadline; no process of it survives."""
-    marker = env[MARKER]
-    t0 = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        timed_out = interrupted = False
-        try:
-            try:
-                proc.wait(timeout=deadline_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _terminate_group(proc)
-            except KeyboardInterrupt:
-                interrupted = True
-                _terminate_group(proc)
-        except KeyboardInterrupt:  # a second Ctrl-C during the grace period: stop waiting, kill now
-            interrupted = True
-        finally:
-            if proc.poll() is None:
-                _kill_group(proc)
-            killed = kill_marked(marker)  # whatever left the group, also on a second Ctrl-C
-        wall = time.monotonic() - t0
-    return LaunchOutcome(None if timed_out or interrupted else proc.returncode, timed_out, wall, killed,
-                         interrupted)
+    """Run ``argv`` to completion or to its deadline (procs.run: SIGTERM, grace, SIGKILL, then every
+    process carrying the marker); no process of it survives.  Ctrl-C is an ``interrupted`` outcome.
+    It starts in the launch's folder (the log's)."""
+    # No parent-death signal: after a kill -9 of commdiag the launch is left to --resume, which finds
+    # it by the marker the caller recorded in run.json (runlock.reap_orphans).
+    end = procs.run(argv, env=env, cwd=log_path.parent, marker=env[MARKER], deadline_s=deadline_s,
+                    stdout=log_path, stderr=procs.STDOUT, report_interrupt=True, parent_death=None)
+    return LaunchOutcome(end.exit_code, end.timed_out, end.wall_s, end.killed_survivors, end.interrupted)
 
 
 def launch_worker(folder: Path, plan: dict, *, base_env: dict[str, str], config_env: dict[str, str],
@@ -130,58 +95,9 @@ def launch_worker(folder: Path, plan: dict, *, base_env: dict[str, str], config_
     default a fresh one."""
     from ..atomic import write_json
 
+    folder = Path(os.path.abspath(folder))  # the launch starts in it: every path it is given is absolute
     write_json(folder / "plan.json", plan)
     marker = marker or new_marker()
     env = launch_env(base_env, config_env, {**extra_env, MARKER: marker})
     argv = torchrun_argv(nproc, nnodes, rdzv_endpoint, rdzv_id, deadline_s, folder / "plan.json")
     return run(argv, env, folder / "torchrun.log", deadline_s), marker
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _terminate_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def marked_pids(marker: str) -> list[int]:
-    """Processes whose environment carries ``COMMDIAG_LAUNCH_ID=marker`` (Linux /proc)."""
-    return [int(e.name) for e in os.scandir("/proc")
-            if e.name.isdigit() and int(e.name) != os.getpid() and carries_marker(int(e.name), marker)]
-
-
-def carries_marker(pid: int, marker: str) -> bool:
-    """Whether process ``pid`` belongs to the launch ``marker`` (its environment says so); False
-    for a process this user cannot read (another user's is never one of ours)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"{MARKER}={marker}".encode() in f.read().split(b"\0")
-    except (OSError, ValueError):
-        return False
-
-
-def kill_marked(marker: str) -> int:
-    pids = marked_pids(marker)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(pids)

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from ..errors import CommdiagError
-from .launcher import MARKER
+from ..procs import MARKER
 
 LOCK_NAME = ".lock"
 REAP_GRACE_S = 5.0  # like launcher.KILL_GRACE_S: torchrun forwards SIGTERM to its workers
-_MARKER_RE = re.compile(r"[0-9a-f]{32}")  # launcher.new_marker(): uuid4().hex
+_MARKER_RE = re.compile(r"[0-9a-f]{32}")  # procs.new_marker(): uuid4().hex
 
 
 @contextlib.contextmanager
@@ -113,6 +113,10 @@ def _markers(run: dict) -> set[str]:
     out = set()
     for launch in run.get("launches") or []:
         m = launch.get("marker") if isinstance(launch, dict) else None
+        if isinstance(m, str) and _MARKER_RE.fullmatch(m):
+            out.add(m)
+    extra = run.get("explain_markers")  # explain's launches in flight (measure/explain.py)
+    for m in extra if isinstance(extra, list) else []:
         if isinstance(m, str) and _MARKER_RE.fullmatch(m):
             out.add(m)
     return out

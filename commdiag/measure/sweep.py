@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, linewrap, metadata
+from .. import __version__, linewrap, metadata, procs
 from ..analyse import certify, paired, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
-from . import launcher, machinestate, runlock, serverpool
+from . import launcher, machinestate, runlock, serverpool, slurm
 from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
@@ -74,6 +74,10 @@ def preflight(spec: Spec) -> int:
                for d in torch_spec.submodule_search_locations or ()):
         raise CommdiagError("torchrun (torch.distributed.run) is missing from this torch build")
     nproc = spec.nproc_per_node
+    if spec.launch == "slurm":  # the ranks run on the allocation's nodes, not on this one
+        return _preflight_slurm(spec, nproc)
+    if spec.nnodes > 1 and spec.launch == "torchrun" and not spec.rdzv_endpoint:
+        raise CommdiagError(slurm.not_in_allocation_text(spec.nnodes))
     if spec.backend == "nccl":
         from ..environment import gpusigns
 
@@ -88,7 +92,7 @@ def preflight(spec: Spec) -> int:
                 f"{spec.path}: backend: nccl needs CUDA GPUs and this machine has none visible. "
                 "For a CPU run use the gloo backend, e.g. commdiag sweep sweeps/cpu-smoke.yaml")
         nproc = nproc or gpus
-        if nproc > gpus:
+        if nproc > gpus and os.environ.get("COMMDIAG_SHARE_GPU") != "1":  # worker.SHARE_GPU_VAR: benchmarks
             fewer = f"use --set nproc_per_node={gpus}, or " if gpus >= 2 else ""
             raise CommdiagError(
                 f"{spec.path}: nproc_per_node: {nproc} ranks but only {gpus} GPU(s) are visible; "
@@ -102,10 +106,27 @@ def preflight(spec: Spec) -> int:
     return nproc
 
 
+def _preflight_slurm(spec: Spec, nproc: int | None) -> int:
+    """launch: slurm: inside an allocation with enough nodes; ranks per node from the spec, else from
+    Slurm's GPUs per node (nccl); the GPUs are counted by the worker on its node, not here."""
+    alloc = slurm.allocation()
+    slurm.check_fits(alloc, spec.nnodes)
+    if nproc is None:
+        gpus = os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE", "").split(":")[-1]
+        if not gpus.isdigit():
+            raise CommdiagError(f"{spec.path}: nproc_per_node: not set, and Slurm does not say how many GPUs a "
+                                "node has (SLURM_GPUS_ON_NODE): set nproc_per_node, or salloc --gpus-per-node=N")
+        nproc = int(gpus)
+    if nproc * spec.nnodes < 2:
+        raise CommdiagError(f"{spec.path}: nproc_per_node: an all-reduce needs at least 2 ranks in all "
+                            f"(got {nproc} x {spec.nnodes} node(s))")
+    return nproc
+
+
 def _seed(spec: Spec) -> int:
     if spec.seed is not None:
         return spec.seed
-    if spec.nnodes > 1:  # every node must draw the same order: derive it from the spec
+    if spec.nnodes > 1 and spec.launch == "torchrun":  # a commdiag per node: each must draw the same order
         return zlib.crc32(repr(spec.to_json()).encode())
     return random.SystemRandom().randrange(2**31)
 
@@ -117,7 +138,7 @@ def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict
         return {}, f"user's own NCCL_DEBUG={env['NCCL_DEBUG']} kept; NCCL's confirmation is read only if it logs ENV to a file"
     subsys = "ENV,INIT" if _tuner_requested(env) else "ENV"  # INIT: the tuner's load and rule lines
     return ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": subsys,
-             "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log")},
+             "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")},  # the launch runs in its folder
             f"commdiag: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS={subsys} (init only, no per-call logging)")
 
 
@@ -136,22 +157,30 @@ def _method(spec: Spec) -> dict:
                              "communicators created after its variables were set; kept only where every rank's "
                              "NCCL log confirms the values for that run")
     if spec.backend == "gloo":
-        method["eager"] = ("each blocking all_reduce call's wall time on a monotonic clock (batch 1); "
-                           "gloo has no CUDA graphs, so eager only")
+        method["eager"] = ("each blocking all_reduce call's wall time on a monotonic clock (batch 1), "
+                           f"{_count_text(spec)} calls per size; gloo has no CUDA graphs, so eager only")
         return method
     method["sample"] = (f"a window of batch back-to-back all-reduces between two CUDA events, / batch; "
                         f"batch={spec.batch} (auto: enough calls to fill {spec.window_us:g} us of device time)")
     if "graph" in spec.modes:
-        method["graph"] = (f"batch all-reduces captured in one CUDA graph; {spec.iters} replays back to back "
+        method["graph"] = (f"batch all-reduces captured in one CUDA graph; {_count_text(spec)} replays back to back "
                            f"on the {spec.replay_stream} stream, a CUDA event between replays")
     if "eager" in spec.modes:
-        method["eager"] = (f"{spec.iters} windows of batch back-to-back calls on the current stream; "
+        method["eager"] = (f"{_count_text(spec)} windows of batch back-to-back calls on the current stream; "
                            "enqueue_us = host time per call to issue it")
     method["vias"] = ", ".join(
         {"torch": "torch = torch.distributed.all_reduce",
          "nccl-direct": "nccl-direct = libnccl's ncclAllReduce through ctypes (the library torch loaded), "
                         "arguments converted once; modes graph-direct/eager-direct"}[v] for v in spec.vias)
     return method
+
+
+def _count_text(spec: Spec) -> str:
+    """How many samples a size gets, in words (the method block and the report show it)."""
+    if spec.time_per_size_ms is None:
+        return str(spec.iters)
+    return (f"as many as fit {spec.time_per_size_ms:g} ms per size (at least {min(20, spec.iters)}, at most "
+            f"{spec.iters}; calibrated in the launch from its warmup)")
 
 
 def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
@@ -173,33 +202,33 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
     }
 
 
-# Environment variables a process reads when it starts or loads a library (the loader, Python,
-# OpenMP, MKL): a forked child has its server's values, so a config setting one needs torchrun.
-START_TIME_PREFIXES = ("LD_", "PYTHON", "OMP_", "GOMP_", "KMP_", "MKL_")
 LAUNCH_TEXT = {
     "forkserver": "each launch's ranks are fresh processes forked from per-rank launch servers that "
                   "imported torch and the worker only (no CUDA, NCCL or NVML before the fork); the child "
                   "sets the launch's variables, then initialises CUDA, NCCL and the process group",
     "torchrun": "each launch is a fresh torchrun (agent and workers each import torch)",
+    "slurm": "each launch is one Slurm job step (srun) over the allocation's nodes: every rank a fresh "
+             "process started by slurmstepd with the launch's environment (--export=ALL)",
 }
 
 
 def launch_method(spec: Spec) -> tuple[str, str | None]:
     """The method this run's launches use, and why it is not the spec's ``launch`` (None: it is)."""
-    if spec.launch == "torchrun":
-        return "torchrun", None
+    if spec.launch in ("torchrun", "slurm"):
+        return spec.launch, None
     if spec.nnodes > 1:
         return "torchrun", "launch: forkserver is single-node only; nnodes > 1 runs a fresh torchrun per launch"
-    start = sorted({k for c in spec.configs for k in c.env if k.startswith(START_TIME_PREFIXES)})
-    if start:
-        return "torchrun", (f"launch: forkserver cannot apply {', '.join(start)} (read when a process starts, "
-                            "before any fork); a fresh torchrun per launch instead")
+    # A config's variable that the servers may not change after the fork (LD_PRELOAD, OMP_NUM_THREADS,
+    # TORCH_DISTRIBUTED_DEBUG, ...) gets launch servers started with it (serverpool.py): no torchrun.
     return "forkserver", None
 
 
 def _launch_record(spec: Spec) -> dict:
     how, why = launch_method(spec)
-    return {"requested": spec.launch, "method": how, **({"note": why} if why else {})}
+    record = {"requested": spec.launch, "method": how, **({"note": why} if why else {})}
+    if how == "slurm":
+        record["slurm"] = slurm.allocation().to_json()
+    return record
 
 
 class Starter:
@@ -222,6 +251,22 @@ class Starter:
         Returns (outcome, marker, method)."""
         from ..atomic import write_json
 
+        if self.method == "slurm":
+            marker = launcher.new_marker()
+            mark(marker)
+            alloc = slurm.Allocation(self.run["launch"]["slurm"]["job_id"],
+                                     tuple(self.run["launch"]["slurm"]["nodes"]))
+            outcome = slurm.launch_worker(folder, plan, alloc=alloc, base_env=self.base_env, config_env=config_env,
+                                          extra_env=extra_env, nproc=self.run["nproc_per_node"],
+                                          nnodes=self.spec.nnodes, deadline_s=deadline_s, marker=marker)
+            if outcome.exit_code not in (0, None) and not slurm.alive(alloc):
+                # the allocation ended under the launch (time limit, scancel, salloc interrupted): not
+                # the config's failure; the launch is pending again and the run resumable elsewhere
+                self.run.setdefault("warnings", []).append(
+                    f"Slurm job {alloc.job_id} ended mid-run: resume inside a new allocation, "
+                    f"salloc -N {self.spec.nnodes} commdiag sweep --resume {self.run_dir}")
+                outcome = launcher.LaunchOutcome(None, False, outcome.wall_s, outcome.killed_survivors, True)
+            return outcome, marker, "slurm"
         if self.method == "forkserver":
             if self.pool is None:
                 self.pool = serverpool.ServerPool(self.run["nproc_per_node"], self.base_env,
@@ -230,8 +275,10 @@ class Starter:
             mark(marker)
             write_json(folder / "plan.json", plan)
             try:
-                return (self.pool.launch(index, config_env, extra_env, folder / "plan.json", deadline_s),
-                        marker, "forkserver")
+                outcome = self.pool.launch(index, config_env, extra_env, folder / "plan.json", deadline_s)
+                if self.pool.started:  # the launch servers' groups: what tells each apart, and its proof
+                    self.run.setdefault("launch", _launch_record(self.spec))["server_groups"] = self.pool.started
+                return outcome, marker, "forkserver"
             except serverpool.ServerRefused as e:
                 self._fall_back(str(e))
         marker = launcher.new_marker()
@@ -376,6 +423,17 @@ def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str]
 def _reap(run: dict, run_dir: Path) -> None:
     """Before a resume reruns a launch: end what a killed commdiag left running (by launch marker)."""
     ended = runlock.reap_orphans(run)
+    record = run.get("launch", {})
+    if record.get("method") == "slurm" and slurm.in_allocation():
+        # the launches' ranks ran on the allocation's nodes: end what a killed commdiag left there too
+        alloc = slurm.allocation()
+        pending = {l.get("marker") for l in run["launches"] if l.get("status") == results.PENDING}
+        for marker in sorted(m for m in pending if m):
+            slurm.cancel_step(alloc, marker)
+            found = slurm.reap(alloc, min(run["spec"].get("nnodes", 1), len(alloc.nodes)), marker, dict(os.environ))
+            if found:
+                run.setdefault("warnings", []).append(
+                    f"ended {found} process(es) of launch marker {marker[:12]} left on the allocation's nodes")
     if ended:
         run.setdefault("warnings", []).append(
             f"ended {len(ended)} process(es) left running by an earlier commdiag in {run_dir} (pids "
@@ -424,7 +482,7 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -
 
 def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
-    launcher.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
+    procs.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
     configs = {c["name"]: c for c in run["configs"]}
     run.setdefault("launch", _launch_record(spec))  # a run stored before launch methods: torchrun
     if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
@@ -756,6 +814,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
     plan = {
         "backend": spec.backend, "dtype": spec.dtype, "sizes": [s.bytes for s in spec.sizes],
         "modes": list(spec.modes), "warmup": spec.warmup, "iters": spec.iters, "batch": spec.batch,
+        "time_per_size_ms": spec.time_per_size_ms,
         "window_us": spec.window_us,
         "vias": list(spec.vias), "replay_stream": spec.replay_stream,
         "watch_env": sorted(set(config["env"]) | set(spec.base_env)),
@@ -797,6 +856,8 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
     measured = sum(max(r.get("measure_s", 0.0) for r in res["ranks"]) for res in found if res)
     for n, (launch, result) in enumerate(zip(batch, found)):
         launch["started_utc"], launch["marker"], launch["launched_by"] = started, marker, method
+        if method == "forkserver" and starter.pool is not None and starter.pool.last_group is not None:
+            launch["server_group"] = starter.pool.last_group  # run.json launch.server_groups[N]
         _record(spec, run, launch, outcome, result, folder, shared=reuse)
         launch["machine"] = machine
         if reuse:

@@ -42,11 +42,12 @@ result.json: {"format": "commdiag-launch", "version": 2, "ranks": [per rank: inf
 "enqueue_us": {via: {size: [us...]}}]}.  Version 1 (no via level) is still read.
 
 Test-only switch, honoured only when set: ``COMMDIAG_TEST_FAULT`` = ``hang``
-(rank 0 sleeps before timing), ``crash`` (rank 0 exits 3 mid-launch),
+(rank 0 sleeps before timing), ``hang-detached`` (rank 0 leaves a grandchild in a session of its
+own, then sleeps), ``crash`` (rank 0 exits 3 mid-launch),
 ``wrong`` (rank 0 corrupts one element, so the check counts it), or
 ``hang-teardown`` (all results written, then rank 0 never exits).  The tests
-set it as an ordinary config variable.  Nothing on this module's import path reads the
-environment at import time: a launch server imports it once for many launches
+set it as an ordinary config variable; ``COMMDIAG_TEST_FAULT_RANK`` moves the fault to another
+rank.  Nothing on this module's import path reads the environment at import time: a launch server imports it once for many launches
 (docs/launch-methods.md).
 """
 
@@ -67,10 +68,17 @@ from ..nccl import ncclog, tunerlog
 from ..atomic import write_json
 
 FAULT_VAR = "COMMDIAG_TEST_FAULT"
+FAULT_RANK_VAR = "COMMDIAG_TEST_FAULT_RANK"  # the rank the fault hits (default 0)
+# Benchmarks only: COMMDIAG_SHARE_GPU=1 puts every rank of a one-GPU machine on GPU 0 with its own
+# NCCL_HOSTID, a real multi-rank NCCL communicator over sockets (the fork server's proof 2 on 1 GPU).
+SHARE_GPU_VAR = "COMMDIAG_SHARE_GPU"
 LAUNCH_FORMAT_VERSION = 2
 EXPLAIN_CALLS = 3  # all-reduces per size in an explain launch: NCCL logs its choice for each call
 MAX_BATCH = 1000  # calls per sample with batch: auto (1000 x 7 us = 7 ms: plenty of window)
 PROBE_BATCH = 10  # all-reduces in the graph that estimates one call's device time
+# time_per_size_ms: the fewest samples a size is timed with; the launch value trims 5% of each end, so
+# 20 samples still drop one at each end (and the smallest sizes reach ``iters`` within the budget anyway)
+MIN_TIMED = 20
 
 
 def _test_fault() -> str:
@@ -81,9 +89,18 @@ def _test_fault() -> str:
 
 def _fault(point: str, rank: int) -> None:
     fault = _test_fault()
-    if rank != 0 or not fault:
+    if rank != int(os.environ.get(FAULT_RANK_VAR) or 0) or not fault:
         return
     if fault == "hang" and point == "before-timing":
+        time.sleep(10**6)
+    if fault == "hang-detached" and point == "before-timing":
+        # a grandchild in a session of its own (re-parented to init, out of every process tree a
+        # launcher or slurmstepd follows), then hang: only the marker sweep can find it
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(10**6)
+            os._exit(0)
         time.sleep(10**6)
     if fault == "crash" and point == "before-timing":
         print("commdiag test fault: crashing rank 0 on purpose", file=sys.stderr, flush=True)
@@ -96,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(argv[argv.index("--plan") + 1]).read_text())
     out_dir = Path(plan["out_dir"])
+    from .slurm import adopt_slurm_ranks
+
+    adopt_slurm_ranks()  # a task srun started: Slurm's rank variables as torch's (a no-op under torchrun)
     rank = int(os.environ.get("RANK", "0"))
     try:
         return _run(plan, rank)
@@ -179,8 +199,14 @@ def _run(plan: dict, rank: int) -> int:
     reuse = bool(plan.get("runs"))
     t_init = time.monotonic()
     if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        gpu = local_rank
+        if os.environ.get(SHARE_GPU_VAR) == "1":
+            # every rank on GPU 0, each on a "host" of its own: NCCL connects them over its network
+            # transport (sockets) instead of refusing a duplicate GPU (benchmarks/gpu_transports_net1.sh)
+            gpu = 0
+            os.environ.setdefault("NCCL_HOSTID", f"commdiag-share-gpu-rank{rank}")
+        torch.cuda.set_device(gpu)
+        device = torch.device("cuda", gpu)
         dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
@@ -244,6 +270,8 @@ def _measure(torch, dist, plan, paths, agree, dtype, device, rank, world, backen
     batches: dict = {p.name: {m: {} for m in plan["modes"]} for p in paths}
     enqueue: dict = {p.name: {} for p in paths}
     _fault("before-timing", rank)
+    # gloo: the ranks agree on their sample counts over the default (gloo) group itself
+    host_agree = make_agree(torch, dist, dist.group.WORLD) if backend != "nccl" else None
     t_measure = time.monotonic()
     for size_bytes in plan["sizes"]:
         numel = size_bytes // collectives.DTYPE_BYTES[plan["dtype"]]
@@ -262,7 +290,8 @@ def _measure(torch, dist, plan, paths, agree, dtype, device, rank, world, backen
                     (samples[p.name][mode][key], enqueue[p.name][key],
                      batches[p.name][mode][key]) = _time_eager_cuda(torch, p.op(buf), plan, agree)
                 else:
-                    samples[p.name][mode][key], batches[p.name][mode][key] = _time_eager_host(p.op(buf), plan), 1
+                    samples[p.name][mode][key] = _time_eager_host(p.op(buf), plan, host_agree)
+                    batches[p.name][mode][key] = 1
             del buf
     info["measure_s"] = round(time.monotonic() - t_measure, 3)
     return {**info, "wrong": wrong, "samples": samples, "enqueue_us": enqueue, "batch": batches}
@@ -341,6 +370,22 @@ def _auto_batch(plan, one_call_us: float) -> int:
     return max(1, min(MAX_BATCH, math.ceil(float(plan.get("window_us", 500)) / max(one_call_us, 0.01))))
 
 
+def timed_count(plan, sample_us: float, agree=lambda n: n) -> int:
+    """How many samples to time: ``iters``, or with ``time_per_size_ms`` as many as fit that budget
+    (at least MIN_TIMED, at most ``iters``), the same on every rank (the max over ranks: ranks that
+    timed different counts would issue different numbers of collectives and hang).
+
+    Calibrated in the launch itself from the warmup's time per sample, as pyperf calibrates its loops:
+    a 117 MB all-reduce of 20 ms is timed 20 times in 400 ms, not 200 times in 4 s, while a 7 us one
+    still gets its full ``iters``."""
+    iters = int(plan["iters"])
+    budget_ms = plan.get("time_per_size_ms")
+    if not budget_ms:
+        return iters
+    fits = math.ceil(float(budget_ms) * 1000.0 / max(sample_us, 0.01))
+    return agree(max(min(MIN_TIMED, iters), min(iters, fits)))
+
+
 def _window_us(torch, stream, fn, reps: int) -> float:
     """Device time of ``reps`` back-to-back ``fn()`` on ``stream``, one event pair around them."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -367,6 +412,9 @@ def _time_graph(torch, path, buf, plan, agree=lambda n: n) -> tuple[list[float],
         for _ in range(max(1, -(-plan["warmup"] // batch))):
             g.replay()
         stream.synchronize()
+    if plan.get("time_per_size_ms"):
+        iters = timed_count(plan, _window_us(torch, stream, g.replay, 2) / 2, agree)
+    with torch.cuda.stream(stream):
         events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
         events[0].record(stream)
         for i in range(iters):
@@ -382,8 +430,9 @@ def _time_eager_cuda(torch, op, plan, agree=lambda n: n) -> tuple[list[float], l
     op()
     torch.cuda.synchronize()
     warm = max(1, plan["warmup"])
-    batch = agree(_auto_batch(plan, _window_us(torch, torch.cuda.current_stream(), op, warm) / warm))
-    iters = plan["iters"]
+    one_call_us = _window_us(torch, torch.cuda.current_stream(), op, warm) / warm
+    batch = agree(_auto_batch(plan, one_call_us))
+    iters = timed_count(plan, one_call_us * batch, agree)
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
     host = [0.0] * iters
     clock = time.perf_counter_ns
@@ -400,12 +449,18 @@ def _time_eager_cuda(torch, op, plan, agree=lambda n: n) -> tuple[list[float], l
     return [events[i].elapsed_time(events[i + 1]) * 1000.0 / batch for i in range(iters)], host, batch
 
 
-def _time_eager_host(op, plan) -> list[float]:
+def _time_eager_host(op, plan, agree=lambda n: n) -> list[float]:
+    clock = time.perf_counter_ns
+    t0 = clock()
     for _ in range(plan["warmup"]):
         op()
-    clock = time.perf_counter_ns
+    warm_us = (clock() - t0) / 1000.0 / max(1, plan["warmup"])
+    if plan.get("time_per_size_ms") and not plan["warmup"]:
+        t0 = clock()
+        op()
+        warm_us = (clock() - t0) / 1000.0
     out = []
-    for _ in range(plan["iters"]):
+    for _ in range(timed_count(plan, warm_us, agree)):
         t0 = clock()
         op()
         out.append((clock() - t0) / 1000.0)

@@ -299,25 +299,10 @@ class FakeBackend:
 
 # --------------------------------------------------------------------------- main
 
-def _die_with_parent() -> None:
-    """SIGKILL this probe when commdiag dies, however it dies (Linux prctl PR_SET_PDEATHSIG)."""
-    parent = os.getppid()
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
-    except Exception:
-        return
-    if os.getppid() != parent:  # the parent died before prctl: nobody waits for us
-        os._exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd = int(argv[argv.index("--fd") + 1])
     plan = json.loads(argv[argv.index("--plan") + 1])
-    _die_with_parent()
     out = os.fdopen(fd, "w", buffering=1)
 
     def emit(**event):

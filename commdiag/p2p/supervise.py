@@ -10,8 +10,8 @@ hang cannot reach it:
 * a probe that does not say hello within ``start_timeout_s`` (CUDA initialisation hung) is
   killed; the first one is an error, a later one leaves the remaining jobs ``not-run``;
 * Ctrl-C (KeyboardInterrupt) kills the probe, then propagates; the probe also dies with
-  commdiag however commdiag dies (PR_SET_PDEATHSIG), and every process carrying the run's
-  COMMDIAG_LAUNCH_ID is killed at the end (launcher.kill_marked), so none survives.
+  commdiag however commdiag dies (PR_SET_PDEATHSIG, procs.start), and every process carrying the
+  run's COMMDIAG_LAUNCH_ID is killed at the end (procs.kill_marked), so none survives.
 
 Probes run one at a time: copies of two pairs at once would share links and the root complex.
 """
@@ -22,15 +22,14 @@ import json
 import os
 import select
 import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 
-from .. import PACKAGE_PARENT
+from .. import PACKAGE_PARENT, procs
 from ..childpython import child_env, isolated_argv
 from ..errors import CommdiagError
-from ..measure.launcher import KILL_GRACE_S, MARKER, kill_marked, marked_pids, new_marker, take_back_sigint
+from ..procs import kill_marked, marked_pids, new_marker, take_back_sigint
 from .probe import jobs_for
 from .result import FAILED, HUNG, NOT_RUN, OK
 
@@ -74,13 +73,12 @@ class _Probe:
 
     def __init__(self, plan: dict, env: dict, marker: str):
         r, w = os.pipe()
-        self.stderr = tempfile.TemporaryFile()
+        self.stderr = tempfile.TemporaryFile(dir=procs.scratch_root())
         env = dict(env)
-        env[MARKER] = marker
         env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p)
         try:
-            self.proc = subprocess.Popen(probe_argv(w, plan), env=env, pass_fds=(w,), stdin=subprocess.DEVNULL,
-                                         stdout=self.stderr, stderr=self.stderr, start_new_session=True, cwd="/")
+            self.proc = procs.start(probe_argv(w, plan), env=env, cwd="/", marker=marker, pass_fds=(w,),
+                                    stdout=self.stderr, stderr=self.stderr, parent_death=signal.SIGKILL)
         finally:
             os.close(w)
         self.fd = r
@@ -108,14 +106,9 @@ class _Probe:
         return out
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass  # stuck in the driver (D state): it dies when the driver lets go; we do not wait
+        """SIGKILL to its group; one stuck in the driver (D state) dies when the driver lets go: no
+        waiting for it, and what carries the marker is swept at the end of the run (supervise)."""
+        self.proc.stop((), sweep=False)
 
     def tail(self) -> str:
         self.stderr.seek(0, os.SEEK_END)

@@ -19,11 +19,11 @@ import ctypes
 import os
 import shlex
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import procs
 from ..errors import CommdiagError, terminal_safe
 
 LIBRARY_NAME = "libnccl-tuner-commdiag.so"
@@ -122,16 +122,15 @@ def build_result(out_dir: str | Path = ".", werror: bool = False, cc: str | None
     os.close(fd)
     try:
         argv = [*compiler, *CFLAGS, *(("-Werror",) if werror else ()), "-o", tmp, str(SOURCE)]
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, env=compiler_env())
-        except subprocess.TimeoutExpired:
-            raise CommdiagError(f"{compiler[0]}: no result after {COMPILE_TIMEOUT_S} s compiling {SOURCE}") from None
+        try:  # procs: the compiler's whole group (cc1, as, ld) ends at the deadline, not cc alone
+            proc = procs.run(argv, env=compiler_env(), cwd="/", deadline_s=COMPILE_TIMEOUT_S)
         except OSError as e:
             raise CommdiagError(f"{compiler[0]}: cannot run: {e.strerror or e}") from None
-        if proc.returncode != 0:
-            detail = terminal_safe((proc.stderr or proc.stdout).strip())[-2000:]
-            raise CommdiagError(f"{compiler[0]} failed (exit {proc.returncode}) compiling {SOURCE}:\n{detail}")
+        if proc.timed_out:
+            raise CommdiagError(f"{compiler[0]}: no result after {COMPILE_TIMEOUT_S} s compiling {SOURCE}")
+        if proc.exit_code != 0:
+            detail = terminal_safe((proc.stderr or proc.stdout).decode(errors="replace").strip())[-2000:]
+            raise CommdiagError(f"{compiler[0]} failed (exit {proc.exit_code}) compiling {SOURCE}:\n{detail}")
         os.chmod(tmp, 0o755)
         symbols = exported_symbols(Path(tmp))
         missing = [s for s in SYMBOLS if s not in symbols]
