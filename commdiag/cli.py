@@ -109,7 +109,7 @@ def main(debug: bool) -> None:
       commdiag report reports/RUN               report.html and the verdicts
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
-    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (74 s, docs/times.md)."""
+    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (47 s, docs/times.md)."""
 
 
 def _fmt_s(seconds: float | None) -> str:
