@@ -66,8 +66,8 @@ class _Group(click.Group):
     any other exception is one line naming what failed (exit 2), its traceback behind --debug.
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
-    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "ab", "report", "compare", "explain", "install-hook", "tuner",
-             "check-env", "detect", "nodes")
+    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "trace", "ab", "report", "compare", "explain", "install-hook",
+             "tuner", "check-env", "detect", "nodes")
 
     def list_commands(self, ctx):
         names = super().list_commands(ctx)
@@ -97,7 +97,11 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="commdiag")
 @click.option("--debug", is_flag=True, envvar="COMMDIAG_DEBUG",
               help="Show the full traceback of an unexpected error (also COMMDIAG_DEBUG=1).")
-def main(debug: bool) -> None:
+@click.option("--allow-user-files", is_flag=True,
+              help="As root: read profiles, specs, rules, run folders and recordings that another user can "
+                   "change (refused by default: their owner would choose what root reads, installs or runs, "
+                   "and could change them while commdiag works). Install allowlists still apply.")
+def main(debug: bool, allow_user_files: bool) -> None:
     """NCCL/PCIe communication diagnostics: do NCCL settings make your model's all-reduce faster, by more
     than the noise (certified on fresh launches), and do they reach every worker.
 
@@ -110,6 +114,9 @@ def main(debug: bool) -> None:
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
     On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (47 s, docs/times.md)."""
+    from . import readfile
+
+    readfile.allow_others(allow_user_files)
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -471,6 +478,47 @@ def compare_cmd(run_a, run_b, as_json, html_out):
             _echo(f"\nhtml: {html_out}")
 
 
+@main.command("trace", short_help="Your server's profiler trace: is communication the bottleneck?")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--step", "step", metavar="REGEX",
+              help="The CPU annotation that is one step (default: ProfilerStep#N, else a numbered annotation, "
+                   "else each CUDA graph launch).")
+@click.option("--sweep", "sweep_dir", type=click.Path(file_okay=False, path_type=Path), metavar="RUN_DIR",
+              help="A sweep's run folder: what its certified winner would save of this step at most.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the answer as an offline HTML page with a timeline per rank.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (format commdiag-trace).")
+def trace_cmd(traces, step, sweep_dir, html_out, as_json):
+    """Read the Kineto traces your server wrote (torch.profiler, SGLang --profile, vLLM
+    VLLM_TORCH_PROFILER_DIR; .json or .json.gz, files or folders, one file per rank) and say whether
+    communication is the bottleneck: per rank and step, GPU time split into compute, NCCL by
+    collective, memory copies and idle; the exposed communication; the idle time the CPU caused
+    (a launch-bound eager step); all-reduce sizes and what NCCL chose; the straggler per step.
+    Never imports torch and never measures (docs/trace.md)."""
+    from . import trace as trace_mod
+
+    if html_out is not None:
+        from .atomic import check_target
+        from .trace import page
+
+        check_target(html_out)
+        page.check_plotly()
+    rep = trace_mod.analyse_paths(traces, step=step, sweep=sweep_dir)
+    if html_out is not None:
+        from .atomic import write_text
+        from .trace import page
+
+        write_text(html_out, page.build_html(rep))
+    if as_json:
+        _echo(json.dumps(rep.to_json(), indent=1), wrap=False)
+    else:
+        from .trace import render
+
+        _echo(render.render(rep))
+        if html_out is not None:
+            _echo(f"\nhtml: {html_out}")
+
+
 def render_table(data, values=None) -> str:
     """The sweep's table (analyse/sweeptable.py); ``values``: the run's launch values when already computed."""
     from .analyse import sweeptable, verdict
@@ -631,10 +679,12 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
 
 
 def _load_readings(path):
+    from . import readfile
+
     if path is None:
         return None
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(readfile.read_text(path, 64 << 20, what="NVML recording"))
     except (OSError, ValueError) as e:
         raise errors.CommdiagError(f"{path}: cannot read NVML recording: {e}") from None
     # a `commdiag detect --json` output is a recording too
@@ -815,9 +865,10 @@ def tuner_group() -> None:
 
 
 @tuner_group.command("build", short_help="Compile the plugin with cc; print the env lines that load it.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for libnccl-tuner-commdiag.so (created if missing), e.g. ~/.local/lib/commdiag; "
-                   "required: a library NCCL loads belongs where you chose, not in whatever folder the shell is in.")
+                   "required: a library NCCL loads belongs where you chose, not in whatever folder the shell is "
+                   "in (as root: a folder no other user can change).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, path_type=Path),
               help="A rules file to check (as the plugin reads it) and name in NCCL_TUNER_CONFIG_FILE.")
 @click.option("--cc", "cc", metavar="COMPILER",
@@ -829,6 +880,9 @@ def tuner_build_cmd(out_dir, rules_path, cc, as_json):
     that make NCCL load it: NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE, absolute paths."""
     from .tuner import build, rules
 
+    if out_dir is None and os.geteuid() != 0:  # root: build.py's own refusal says what root needs
+        raise click.UsageError("give --out DIR, the folder for libnccl-tuner-commdiag.so (e.g. "
+                               "~/.local/lib/commdiag): commdiag writes no library into the current folder")
     n_rules = len(rules.load(rules_path)) if rules_path is not None else None
     res = build.build_result(out_dir, cc=cc)
     _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules),
