@@ -7,6 +7,7 @@ Only this module prints or exits.  Library errors the user can fix arrive as
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
