@@ -7,6 +7,7 @@ Only this module prints or exits.  Library errors the user can fix arrive as
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -109,11 +110,11 @@ def main(debug: bool, allow_user_files: bool) -> None:
     On a GPU box, in this order (README.md, "On your GPU box"):
       commdiag doctor                           the machine: topology, hooks, env
       commdiag sweep sweeps/nvlink2-aa.yaml     A/A check: must certify nothing
-      commdiag sweep sweeps/pcie8.yaml          the sweep (30-45 min, 8 GPUs)
+      commdiag sweep sweeps/pcie8.yaml          the sweep (30-50 min, 8 GPUs)
       commdiag report reports/RUN               report.html and the verdicts
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
-    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (gloo, 2-3 minutes)."""
+    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (47 s, docs/times.md)."""
     from . import readfile
 
     readfile.allow_others(allow_user_files)
@@ -319,6 +320,9 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
         _echo(f"\nrun folder: {res.run_dir}   launches: " + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
         if res.state == "interrupted":
             _echo(f"interrupted: no verdicts from a partial run; continue with  commdiag ab --resume {res.run_dir}")
+        elif res.state == "stopped":
+            _echo(f"stopped: {run['stopped']}. No verdicts from no values: fix it and run again "
+                  f"(commdiag ab --resume {res.run_dir} runs the rest with the recorded spec)")
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
     sys.exit(errors.EXIT_OK if set(res.counts) <= {"ok"} else errors.EXIT_LAUNCHES_FAILED)
@@ -860,8 +864,9 @@ def tuner_group() -> None:
 
 @tuner_group.command("build", short_help="Compile the plugin with cc; print the env lines that load it.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for libnccl-tuner-commdiag.so (created if missing; default: the current folder, "
-                   "but as root --out is required and must be a folder no other user can change).")
+              help="Folder for libnccl-tuner-commdiag.so (created if missing), e.g. ~/.local/lib/commdiag; "
+                   "required: a library NCCL loads belongs where you chose, not in whatever folder the shell is "
+                   "in (as root: a folder no other user can change).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, path_type=Path),
               help="A rules file to check (as the plugin reads it) and name in NCCL_TUNER_CONFIG_FILE.")
 @click.option("--cc", "cc", metavar="COMPILER",
@@ -873,6 +878,9 @@ def tuner_build_cmd(out_dir, rules_path, cc, as_json):
     that make NCCL load it: NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE, absolute paths."""
     from .tuner import build, rules
 
+    if out_dir is None and os.geteuid() != 0:  # root: build.py's own refusal says what root needs
+        raise click.UsageError("give --out DIR, the folder for libnccl-tuner-commdiag.so (e.g. "
+                               "~/.local/lib/commdiag): commdiag writes no library into the current folder")
     n_rules = len(rules.load(rules_path)) if rules_path is not None else None
     res = build.build_result(out_dir, cc=cc)
     _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules),

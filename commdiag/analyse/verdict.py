@@ -176,7 +176,13 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
     tested = sorted({c.claim.config for c in v.certifications if c.claim.config in twins})
     same = (", identical to default under gloo (gloo never loads NCCL):" if loose
             else " (identical to default)")
-    where = ("tested in stage 2 and not certified" if tested else "not even a screening candidate")
+    # one twin's stage-2 test is no claim about another twin that screening did not nominate
+    untested = [c for c in twins if c not in tested]
+    if tested and untested:
+        where = (f"{', '.join(tested)} tested in stage 2 and not certified; {', '.join(untested)} "
+                 "not tested in stage 2 (not a claim)")
+    else:
+        where = ("tested in stage 2 and not certified" if tested else "not even a screening candidate")
     notes.append(f"A/A check: PASS: {names}{same} " + where
                  + (", and not certified at any size (--certify-sizes)" if sized else ""))
     return notes

@@ -69,6 +69,7 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -367,6 +368,7 @@ def load_run(run_dir: str | Path) -> RunData:
     finished = [l for l in run["launches"] if isinstance(l, dict) and l.get("status") != PENDING]
     if samples_path is not None and summary_path.exists():
         samples, summary = _read_table(samples_path, _NEEDED_SAMPLES), _read_table(summary_path, _NEEDED_SUMMARY)
+        _check_whole(run_dir, samples_path, samples, summary, run)
     elif (run_dir / "launches").is_dir():
         samples, summary = assemble(run_dir, run, write=False)
     elif not finished:
@@ -384,6 +386,42 @@ def load_run(run_dir: str | Path) -> RunData:
                             f"({len(finished)} launches are recorded as finished in run.json); restore them "
                             "from a copy of the run folder")
     return RunData(run_dir, run, samples, summary)
+
+
+def _check_whole(run_dir: Path, samples_path: Path, samples, summary, run: dict) -> None:
+    """Every verdict rests on samples.csv: a truncated or cut copy (a full disk, ``head -c``, a
+    partial scp) would change verdicts silently.  It must end with a whole row, hold every sample that
+    summary.csv counts per series, and hold every launch run.json records as measured; otherwise one
+    error says exactly what is missing and how to get it back."""
+    fix = (f"; delete {samples_path.name} and summary.csv and commdiag rebuilds them from launches/"
+           if (run_dir / "launches").is_dir() else "; restore it from a copy of the run folder")
+    if samples_path.suffix == ".csv":
+        with open(samples_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 1))
+            if size and f.read(1) != b"\n":
+                raise CommdiagError(f"{samples_path}: its last row is cut off (the file does not end with a whole "
+                                    f"line: truncated?){fix}")
+    if "samples" in summary.columns:
+        keys = ["config", "size_bytes", "mode", "via"]
+        have = samples.groupby(keys, dropna=False).size()
+        short = []
+        for row in summary.itertuples(index=False):
+            want = int(getattr(row, "samples"))
+            got = int(have.get(tuple(getattr(row, k) for k in keys), 0))
+            if got != want:
+                short.append(f"{row.config} {row.size_bytes} B {row.mode}/{row.via}: {got} of {want}")
+        if short:
+            raise CommdiagError(f"{samples_path}: {len(samples)} rows where summary.csv counts "
+                                f"{int(summary['samples'].sum())}: {len(short)} series differ ({'; '.join(short[:3])}"
+                                f"{'; ...' if len(short) > 3 else ''}){fix}")
+    measured = {l["index"] for l in run.get("launches", []) if isinstance(l, dict) and l.get("status") == OK}
+    missing = sorted(measured - set(int(x) for x in samples["launch"].dropna().unique()))
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise CommdiagError(f"{samples_path}: no rows for {len(missing)} launch(es) run.json records as measured "
+                            f"(launch {shown}){fix}")
 
 
 _NEEDED_SAMPLES = ["config", "launch", "size_bytes", "tokens", "mode", "via", "time_us"]

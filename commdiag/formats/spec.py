@@ -478,11 +478,20 @@ def _resolve_node_command(path, command, hosts) -> tuple[str, ...]:
     return tuple(command)
 
 
+def did_you_mean(key, allowed) -> str:
+    """``: did you mean `trials`?`` for a key one typo away from an allowed one, else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.75)
+    return f": did you mean `{close[0]}`?" if close else ""
+
+
 def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     warnings: list[str] = []
     for key, value in raw.items():
         if key not in _TOP_KEYS:
-            raise SpecError(path, _fld(key), f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
+            raise SpecError(path, _fld(key), f"unknown key{did_you_mean(key, _TOP_KEYS)} "
+                                             f"(allowed: {', '.join(_TOP_KEYS)})")
         types, _ = _TOP_KEYS[key]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise SpecError(path, key, f"{brief(value)} must be {_type_name(types)}")
@@ -579,6 +588,11 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         sizes_raw = {**sizes_raw, "hidden": model["hidden"]}
     sizes = _resolve_sizes(path, sizes_raw, dtype, large)
     base_env = _env_map(path, "base_env", get("base_env"), warnings)
+    if "configs" in raw and not raw["configs"] and not raw.get("grid"):
+        # an empty configs: is a spec half written, not a request to time default alone (which leaves
+        # nothing to compare; leave configs: out for that)
+        raise SpecError(path, "configs", "empty: give at least one config besides default, e.g. "
+                                         "seed: {NCCL_PROTO: LL}, or a grid: (leave configs out to time default alone)")
     configs = _resolve_configs(path, raw, base_env, warnings, large)
     if not large and len(configs) * trials > LIMITS["launches"]:
         raise SpecError(path, "trials", f"{len(configs)} configs x {trials} trials = {len(configs) * trials} "

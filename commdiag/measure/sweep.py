@@ -70,9 +70,14 @@ def preflight(spec: Spec) -> int:
     if spec.nnodes > 1 and spec.launch == "torchrun" and not spec.rdzv_endpoint:
         raise CommdiagError(slurm.not_in_allocation_text(spec.nnodes))
     if spec.backend == "nccl":
-        import torch
+        from ..environment import gpusigns
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpusigns.no_cuda_driver():  # seconds sooner than torch's answer (environment/gpusigns.py)
+            gpus = 0
+        else:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus == 0:
             raise CommdiagError(
                 f"{spec.path}: backend: nccl needs CUDA GPUs and this machine has none visible. "
