@@ -544,7 +544,8 @@ def _var_line(v) -> str:
 @click.option("--bytes", "nbytes", type=click.IntRange(4, 1 << 30), default=4 << 20, show_default=True,
               help="All-reduce size per call.")
 @click.option("--iters", type=click.IntRange(1, 10000), default=20, show_default=True, help="Timed calls per pair and round.")
-@click.option("--warmup", type=click.IntRange(0, 10000), default=3, show_default=True)
+@click.option("--warmup", type=click.IntRange(0, 10000), default=3, show_default=True,
+              help="Untimed calls per pair and round before the timed ones.")
 @click.option("--rounds", type=click.IntRange(1, 200), default=None,
               help="Fresh launches (default: the fewest that can certify at 1% over every claim, plus 2).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 86400), default=300.0, show_default=True,

@@ -138,11 +138,11 @@ def test_small_messages_a_new_user_meets(tmp_path):
 
 def test_the_sweep_start_line_counts_in_singular_and_plural(tmp_path):
     from commdiag.formats import spec as specmod
-    from commdiag.measure import sweep
+    from commdiag.measure import runner, stages, sweep
     from conftest import write_spec
     spec = specmod.load_spec(write_spec(tmp_path / "t.yaml"))
     run = {"configs": [{"name": "default"}], "launches": [{"index": 0, "status": "pending", "stage": 1}]}
-    line = words("\n".join(sweep._start_banner(spec, run, tmp_path).lines))
+    line = words("\n".join(stages.start_banner(spec, run, tmp_path).lines))
     assert "1 launch to run (1 screening: 1 config x 1 trial)" in line, line
 
 
@@ -266,21 +266,22 @@ def test_the_first_eta_leaves_out_the_servers_start_and_the_start_bounds_the_who
     import json
 
     from commdiag.formats import spec as specmod
-    from commdiag.measure import sweep
+    from commdiag.measure import runner, stages, sweep
     run = json.loads((RUNS / "cpu-smoke" / "run.json").read_text())
     first, second = run["launches"][0], run["launches"][1]  # 4.3 s with the servers' start, then 0.5 s
     assert first["wall_s"] > 5 * second["wall_s"] and first["launched_by"] == "forkserver"
-    assert sweep.per_launch([first["wall_s"]], [first]) == first["measure_s"]
-    assert sweep.per_launch([first["wall_s"], second["wall_s"]], [second]) == second["wall_s"]
-    # at the start: the most stage 2 can add (cpu-smoke: 2 bands, 2 candidates, 8 rounds of 3 configs)
+    assert runner.per_launch([first["wall_s"]], [first]) == first["measure_s"]
+    assert runner.per_launch([first["wall_s"], second["wall_s"]], [second]) == second["wall_s"]
+    # at the start: the most stage 2 can add (cpu-smoke: 2 bands, 2 candidates, 11 rounds of 3 configs:
+    # the paired test's floor of 9 for 2 claims plus 2 spare)
     spec = specmod.load_spec(REPO / "sweeps" / "cpu-smoke.yaml")
-    assert sweep.stage2_at_most(spec) == 24
+    assert stages.stage2_at_most(spec) == 33
     pending = {"configs": [{"name": c.name} for c in spec.configs],
                "launches": [{"index": i, "status": "pending", "stage": 1} for i in range(6)]}
-    text = words("\n".join(sweep._start_banner(spec, pending, tmp_path).lines))
-    assert "then stage 2 (confirmation; its plan is printed when screening ends): at most 24 launches" in text, text
-    # nvlink2-aa as shipped: 10 rounds of default, aa and seed
-    assert sweep.stage2_at_most(specmod.load_spec(REPO / "sweeps" / "nvlink2-aa.yaml")) == 30
+    text = words("\n".join(stages.start_banner(spec, pending, tmp_path).lines))
+    assert "then stage 2 (confirmation; its plan is printed when screening ends): at most 33 launches" in text, text
+    # nvlink2-aa as shipped: 13 rounds of default, aa and seed (4 two-sided claims: 11 + 2 spare)
+    assert stages.stage2_at_most(specmod.load_spec(REPO / "sweeps" / "nvlink2-aa.yaml")) == 39
 
 
 def test_a_gloo_report_reads_plainly_and_draws_the_stage_2_plot_with_a_legend(tmp_path):

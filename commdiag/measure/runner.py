@@ -142,9 +142,12 @@ class Folder:
     def run_pending(self, one: Callable[[list[dict]], float], *, keys: tuple[str, ...],
                     batches: Callable[[list[dict]], list[list[dict]]] = lambda p: [[l] for l in p],
                     on_progress: Callable[[Progress], None] | None = None,
-                    launches: list[dict] | None = None) -> bool:
+                    launches: list[dict] | None = None,
+                    stop: Callable[[list[dict]], str | None] | None = None) -> bool:
         """Run every pending launch of ``launches`` (default run.json's) in order, ``batches`` of them per
-        ``one`` call; True when interrupted (the batch in flight is pending again, keeping only ``keys``)."""
+        ``one`` call; True when interrupted (the batch in flight is pending again, keeping only ``keys``).
+        ``stop(pending)``: after each batch, a reason to stop here (run.json ``stopped``, state
+        ``stopped``: ab's first round that failed the same way for every arm), or None to go on."""
         procs.take_back_sigint()  # resumable after Ctrl-C, however the command was started
         pending = self.pending(launches)
         walls: list[float] = []
@@ -170,7 +173,12 @@ class Folder:
                     done += 1
                     if on_progress:
                         left = len(pending) - done
-                        on_progress(Progress(done, len(pending), launch, left * sum(walls) / len(walls)))
+                        on_progress(Progress(done, len(pending), launch, left * per_launch(walls, batch)))
+                why = stop(pending) if stop else None
+                if why:
+                    self.run["stopped"] = why
+                    self.save()
+                    return False
             except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
                 self.save()
                 self.interrupted = True
@@ -180,7 +188,7 @@ class Folder:
     def finish(self) -> RunResult:
         """The run's end: complete, or interrupted (resumable); saved; what the kind returns."""
         run = self.run
-        run["state"] = "interrupted" if self.interrupted else "complete"
+        run["state"] = "interrupted" if self.interrupted else "stopped" if run.get("stopped") else "complete"
         run["finished_utc"] = None if self.interrupted else launcher.utc_now()
         self.save()
         return RunResult(self.path, run["state"], counts(run["launches"]), tuple(run.get("warnings", ())))
@@ -192,3 +200,13 @@ def counts(launches: list[dict]) -> dict[str, int]:
     for l in launches:
         out[l["status"]] = out.get(l["status"], 0) + 1
     return out
+
+
+def per_launch(walls: list[float], batch: list[dict]) -> float:
+    """Seconds a launch still to come will take, for the ETA.  The first launch of a call carries the
+    launch servers' one-time start (seconds; a CPU launch after it is under one): it is left out once a
+    second launch is in, and before that only its own measuring counts (``measure_s``)."""
+    if len(walls) > 1:
+        return sum(walls[1:]) / (len(walls) - 1)
+    measured = [l.get("measure_s") for l in batch if l.get("launched_by") == "forkserver" and l.get("measure_s")]
+    return sum(measured) / len(measured) if measured else walls[0]

@@ -61,15 +61,37 @@ def check_confirm_rounds(spec: Spec, certify_sizes: bool) -> None:
                         f"{paired.rounds_to_reach(thr, alt)} (or auto), or run with --no-confirm for screening only")
 
 
+def stage2_at_most(spec: Spec) -> int:
+    """The most stage-2 launches a sweep of ``spec`` can plan, known before screening: every band
+    nominates a different config besides confirm.configs (analyse/certify.py plan_claims), each round
+    runs default and every claimed config once.  Said at the start, so the whole run has a bound."""
+    others = len(spec.configs) - 1
+    if others <= 0:
+        return 0
+    mode = spec.modes[0]
+    named = [c for c in spec.confirm_configs if c != stats.DEFAULT]
+    claims = [certify.Claim(c, mode, b, None, TWO_SIDED, "confirm.configs", None) for b in spec.bands for c in named]
+    picks = min(len(spec.bands), max(others - len(named), 0))
+    claims += [certify.Claim(f"pick{i}", mode, b, None, LESS, "screening", None)
+               for i, b in enumerate(list(spec.bands)[:picks])]
+    if not claims:
+        return 0
+    rounds = spec.confirm_rounds or certify.rounds_needed(claims)
+    return rounds * (1 + min(others, len(named) + picks))
+
+
 def start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
     """The first thing a sweep prints: where it writes, how many launches, about how long."""
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
     per = mean_wall(run)  # this run's own launches (a resume); none yet: no guess, the progress lines say
     stage1 = sum(1 for l in pending if int(l.get("stage", 1)) == 1)
-    then = ("; then stage 2 (confirmation; its plan is printed when screening ends)"
-            if run.get("confirm_requested", True) and run.get("confirmation") is None else "")
+    most = stage2_at_most(spec) if run.get("confirm_requested", True) and run.get("confirmation") is None else None
+    then = ("" if most is None else "; then stage 2 (confirmation; its plan is printed when screening ends): "
+            + ("none, unless screening finds a candidate" if most == 0 else
+               f"at most {most} launches, fewer when screening nominates fewer configs"))
     line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
-            + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
+            + (f" ({stage1} screening: {len(run['configs'])} config{'s' if len(run['configs']) != 1 else ''} x "
+               f"{spec.trials} trial{'s' if spec.trials != 1 else ''})" if stage1 else "")
             + (f", about {len(pending) * per / 60:.1f} min at this run's {per:.0f} s a launch" if per
                else "; the ETA follows from this machine's own launches, from the first one on") + then)
     lines = [line]
