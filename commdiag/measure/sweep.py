@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__, linewrap, metadata, procs
-from ..analyse import certify, paired, stats, verdict
+from ..analyse import certify, paired, racing, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
 from . import launcher, machinestate, runlock, serverpool
 from .launcher import Progress
@@ -55,7 +55,7 @@ class SweepResult:
 
     @property
     def all_ok(self) -> bool:
-        return self.state == "complete" and set(self.counts) <= {results.OK}
+        return self.state == "complete" and set(self.counts) <= {results.OK, results.DROPPED}
 
 
 def default_run_dir(spec: Spec, root: Path = Path("reports")) -> Path:
@@ -173,6 +173,7 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
         "fingerprint": {"launcher": metadata.collect_host(), **_nvml_fingerprint(spec)},
         "warnings": list(spec.warnings),
         "launch": _launch_record(spec),
+        "racing": {"enabled": spec.racing, "looks": []},
     }
 
 
@@ -492,6 +493,9 @@ def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: 
     done_walls: list[float] = []
     done = 0
     for batch in process_batches(pending, configs, spec.reuse_process):
+        batch = [l for l in batch if l["status"] == results.PENDING]  # racing dropped the rest
+        if not batch:
+            continue
         try:
             outcome = _one_process(spec, run, run_dir, batch, configs, base_env, sampler, starter)
         except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
@@ -508,16 +512,47 @@ def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: 
             return True
         try:
             done_walls.append(outcome.wall_s / len(batch))
+            drops = race(spec, run, run_dir)
+            if drops and starter.on_plan:
+                starter.on_plan(StagePlan("racing", 0, None, _fit(
+                    [f"racing: {d['config']} {d['reason']}" for d in drops])))
             results.save_run(run_dir, run)
-            for launch in batch:
+            remaining = sum(1 for l in pending if l["status"] == results.PENDING)  # dropped ones are not
+            for i, launch in enumerate(batch):
                 done += 1
                 if on_progress:
-                    left = len(pending) - done
-                    on_progress(Progress(done, len(pending), launch, left * sum(done_walls) / len(done_walls)))
+                    left = remaining + len(batch) - 1 - i
+                    on_progress(Progress(done, done + left, launch, left * sum(done_walls) / len(done_walls)))
         except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
             results.save_run(run_dir, run)
             return True
     return False
+
+
+def race(spec: Spec, run: dict, run_dir: Path) -> list[dict]:
+    """After a launch: when it completed a screening trial (and trials remain), screen the trials so far
+    and drop the configs that clearly lose (analyse/racing.py): their pending stage-1 launches become
+    ``dropped``, with the reason, and run.json's ``racing.looks`` records the look.  Returns the drops."""
+    record = run.get("racing") or {}
+    if not record.get("enabled"):
+        return []
+    stage1 = [l for l in run["launches"] if int(l.get("stage", 1)) == 1]
+    open_trials = {l["trial"] for l in stage1 if l["status"] == results.PENDING}
+    if not open_trials:
+        return []
+    after = min(open_trials)  # trials 0 .. after-1 are final
+    if after == 0 or any(lk["after_trial"] >= after for lk in record["looks"]):
+        return []
+    samples, summary = results.assemble(run_dir, run)
+    scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
+    already = {d["config"] for lk in record["looks"] for d in lk["dropped"]}
+    drops = racing.decide(scr, after_trial=after, protected=spec.confirm_configs, already=already)
+    record["looks"].append({"after_trial": after, "dropped": [d.to_json() for d in drops]})
+    why = {d.config: d.reason for d in drops}
+    for l in stage1:
+        if l["status"] == results.PENDING and l["config"] in why:
+            l["status"], l["dropped"] = results.DROPPED, why[l["config"]]
+    return [d.to_json() for d in drops]
 
 
 # What a pending launch keeps when it is reset: its identity and place in the plan.
