@@ -67,7 +67,7 @@ class _Group(click.Group):
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
     ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "ab", "report", "compare", "explain", "install-hook", "tuner",
-             "check-env", "detect")
+             "check-env", "detect", "nodes")
 
     def list_commands(self, ctx):
         names = super().list_commands(ctx)
@@ -344,10 +344,10 @@ def confirm_cmd(run_dir, rounds, as_json):
 
 
 @main.command("explain", short_help="What NCCL chose: algorithm, protocol, channels, transports.")
-@click.argument("run_dir", required=False, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("run_dir", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--log", "logs", multiple=True, metavar="FILE",
               help="Explain a saved NCCL log (NCCL_DEBUG=INFO) of any process instead of a run: one file per rank "
-                   "or one combined file (repeatable).")
+                   "or one combined file; every file after one --log is a log too (--log logs/*.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--no-run", is_flag=True, help="Only show what an earlier explain stored; launch nothing.")
 def explain_cmd(run_dir, logs, as_json, no_run):
@@ -362,19 +362,26 @@ def explain_cmd(run_dir, logs, as_json, no_run):
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV): version, the NCCL_* values NCCL applied, the transport
     per GPU pair, rings and trees, tuner plugin lines. Nothing is launched."""
     if logs:
-        if run_dir is not None or no_run:
-            raise click.UsageError("--log FILE explains a saved log; do not give a RUN_DIR or --no-run with it")
+        if no_run or any(p.is_dir() for p in run_dir):
+            raise click.UsageError("--log FILE explains a saved log; do not give a RUN_DIR or --no-run with it "
+                                   "(for a folder of logs: --log DIR/*.log)")
         from .nccl import logreport
 
-        rep = logreport.explain_logs(logs)
+        rep = logreport.explain_logs([*logs, *run_dir])  # "--log a.log b.log": the shell's dir/*.log
         if as_json:
             _echo(json.dumps({"format": logreport.LOG_FORMAT, "version": logreport.LOG_VERSION, **rep.to_json()},
                              indent=1))
         else:
             _echo(logreport.render(rep))
         return
-    if run_dir is None:
+    if not run_dir:
         raise click.UsageError("give a RUN_DIR, or --log FILE for a saved NCCL log")
+    if len(run_dir) > 1:
+        raise click.UsageError(f"one RUN_DIR at a time (got {len(run_dir)}); saved NCCL logs go after --log")
+    run_dir = run_dir[0]
+    if not run_dir.is_dir():
+        raise click.UsageError(f"RUN_DIR {run_dir}: " + ("not a folder (a saved NCCL log? --log FILE)"
+                                                       if run_dir.exists() else "no such folder"))
     from .measure import explain as explain_mod
     from .formats import results
 
@@ -482,6 +489,41 @@ def _var_line(v) -> str:
     return line.rstrip() + (f"\n             {v.detail}" if v.detail and v.status != "ok" else "")
 
 
+@main.command("nodes", short_help="Slurm: which node or link is slower than the rest (certified).")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="nccl", show_default=True,
+              help="nccl: GPU 0 of each node, over the network NCCL picks; gloo: CPU sockets.")
+@click.option("--bytes", "nbytes", type=click.IntRange(4, 1 << 30), default=4 << 20, show_default=True,
+              help="All-reduce size per call.")
+@click.option("--iters", type=click.IntRange(1, 10000), default=20, show_default=True, help="Timed calls per pair and round.")
+@click.option("--warmup", type=click.IntRange(0, 10000), default=3, show_default=True)
+@click.option("--rounds", type=click.IntRange(1, 200), default=None,
+              help="Fresh launches (default: the fewest that can certify at 1% over every claim, plus 2).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1, 86400), default=300.0, show_default=True,
+              help="Deadline of one round's launch, seconds.")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run folder (default reports/nodes-<time>).")
+@click.option("--json", "as_json", is_flag=True, help="Print nodes.json's verdicts as JSON.")
+def nodes_cmd(backend, nbytes, iters, warmup, rounds, timeout_s, out, as_json):
+    """Inside a Slurm allocation of 3+ nodes: time the same all-reduce between every node pair (one fresh
+    launch per round, pairs in a shuffled order) and name the nodes and links slower than the rest by more
+    than 3%, certified at 1% family-wise; an A/A fleet names nobody (docs/multinode.md).  Exit 1 if one is."""
+    from .measure import nodes
+
+    def progress(done, total, entry):
+        state = "ok" if entry.get("values") else ("timeout" if entry["timed_out"] else f"failed (exit {entry['exit_code']})")
+        _echo(f"round {done}/{total}: {state} in {entry['wall_s']:.1f}s", err=True)
+
+    r = nodes.run_nodes(run_dir=out or nodes.default_run_dir(), backend=backend, nbytes=nbytes, warmup=warmup,
+                        iters=iters, rounds=rounds, deadline_s=timeout_s, on_round=progress)
+    if as_json:
+        _echo(_envelope("nodes", {"run_dir": str(r.run_dir), "findings": r.record["findings"],
+                                  "rounds": len(r.record["rounds"])}), wrap=False)
+    else:
+        _echo("\n".join(nodes.render(r)))
+        _echo(f"run folder: {r.run_dir}")
+    sys.exit(errors.EXIT_CHECK_FAILED if r.slow else errors.EXIT_OK)
+
+
 @main.command("check-env", short_help="Did the NCCL settings arrive in this process (or children)?")
 @click.option("--expect", "expects", multiple=True, metavar="NAME=VALUE", help="Expected value (repeatable).")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -497,6 +539,10 @@ def _var_line(v) -> str:
                    "rank; show the transport NCCL connected each GPU pair with.")
 @click.option("--nproc", type=int, default=None,
               help="With --nccl: ranks (one process per GPU) to start (default: every visible GPU).")
+@click.option("--nodes", "nodes", is_flag=True,
+              help="Inside a Slurm allocation: one task per node checks what arrived there (expected: --expect, "
+                   "--profile, else this shell's NCCL_* variables and the installed hook's); exit 1 if any node "
+                   "lacks them (docs/multinode.md).")
 @click.option("--conf-root", type=click.Path(file_okay=False), default=None, hidden=True,
               help="Read nccl.conf files under this staged root (tests).")
 @click.option("--libs", is_flag=True,
@@ -505,11 +551,23 @@ def _var_line(v) -> str:
                    "Starts this interpreter isolated (-I) and imports torch there: seconds. doctor --python PY "
                    "does the same for PY.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, conf_root, libs, as_json):
+def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, nccl, nproc, nodes, conf_root, libs,
+                  as_json):
     """Did the NCCL settings arrive in this process (os.environ and libc getenv)? Exit 1 if not."""
     from .environment import envcheck, propagation as propagation_mod
 
     expect = envcheck.parse_assignments(expects)
+    if nodes:  # every node of the Slurm allocation (environment/nodecheck.py)
+        if nccl or propagation or libs:
+            raise click.UsageError("--nodes is a check of its own; run it without --nccl, --propagation or --libs")
+        from .environment import nodecheck
+
+        nodes_report = nodecheck.check_nodes(expect, profile=profile_path)
+        if as_json:
+            _echo(_envelope("check-env-nodes", nodes_report.to_json()), wrap=False)
+        else:
+            _echo("\n".join(nodecheck.render(nodes_report)))
+        sys.exit(errors.EXIT_OK if nodes_report.ok else errors.EXIT_CHECK_FAILED)
     if libs:  # a check of its own: which libnccl this interpreter's processes load (environment/ncclib.py)
         if nccl or propagation or expects or profile_path or extra_vars:
             raise click.UsageError("--libs is a check of its own; run it without --nccl, --propagation, --expect, "

@@ -177,6 +177,11 @@ SLOW = (
     "test_import_env.py::test_a_pool_shares_servers_across_nccl_settings_and_starts_new_ones_for_anything_else",
     # a 50-config x 20-size report drawn in chromium (about 30 s of CPU)
     "test_report.py::test_large_report_stays_lean",
+    # the real Slurm cluster (tests/cluster/slurm-2node.sh up 3): every launch an srun step importing
+    # torch on each node, 1-4 min a test; and the slow-node check's A/A simulation (6 noise models x
+    # 300 fleets x 2000 permutation draws, about 10 s a model)
+    "test_multinode.py::",
+    "test_nodeverdict.py::test_an_aa_fleet_names_nobody",
 )
 
 

@@ -47,13 +47,15 @@ def test_one_file_per_rank_and_the_json_envelope(tmp_path):
     cp = run_cli("explain", "--json", *[a for f in files for a in ("--log", f)])
     assert cp.returncode == 0, cp.stderr
     data = json.loads(cp.stdout)
-    assert (data["format"], data["version"]) == ("commdiag-nccl-log", 2)
+    assert (data["format"], data["version"]) == ("commdiag-nccl-log", 3)
     assert [p["pid"] for p in data["processes"]] == [662, 663]
     assert [(p["src"], p["dst"], p["cell"]) for p in data["transports"]["pairs"]] == [("0", "1", "P2P"),
                                                                                     ("1", "0", "P2P")]
-    assert data["applied"] == {"NCCL_NVLS_ENABLE": {"0": [662, 663]}}
+    assert data["applied"] == {"NCCL_NVLS_ENABLE": {"0": ["vm:662", "vm:663"]}}
     assert {"collective": "AllReduce", "bytes": 14336, "algo": "Ring", "proto": "LL", "channels": 1,
-            "calls": 443, "share": 1.0, "other_choices": 0, "pids": [662]} in data["tuning"]
+            "calls": 443, "share": 1.0, "other_choices": 0, "processes": ["vm:662"]} in data["tuning"]
+    assert data["nodes"] == [{"host": "vm", "processes": [662, 663], "gpus": [0, 1], "ranks": [0, 1],
+                              "gpu_names": [], "endpoints": ["0", "1"]}]
     assert len(data["files"]) == 3 and data["notes"] == []
 
 
@@ -63,7 +65,7 @@ def test_shm_and_net_logs_and_a_partial_log():
     assert "NCCL_P2P_DISABLE=1  (every process)" in shm.stdout
     rank0 = run_cli("explain", "--log", FIX / "h200x2-nvlink" / "explain-tuning-seed-rank0.log")
     assert "  GPU1      .    -" in rank0.stdout
-    assert "the log holds 1 process(es) of a 2-rank communicator" in " ".join(rank0.stdout.split())
+    assert "the log holds 1 of the 2 ranks of a communicator (1 process(es))" in " ".join(rank0.stdout.split())
 
 
 def test_hostile_log_is_read_bounded_and_printed_escaped(tmp_path):
@@ -123,4 +125,47 @@ def test_real_one_rank_init_log_with_graph_lines():
     assert comm["rings"] == [{"order": [0], "channels": list(range(64)), "cut": False}]
     assert comm["channels"]["coll"] == 64 and r.transports["pairs"] == []
     assert any("no connection lines" in n for n in r.notes)
-    assert r.applied == {"NCCL_NVLS_ENABLE": {"0": [453]}}
+    assert r.applied == {"NCCL_NVLS_ENABLE": {"0": ["vm:453"]}}
+
+
+PREFIXED = [  # (what a launcher or a paste puts before NCCL's record, the rank its tag gives)
+    ("(RayWorkerWrapper pid=581, ip=10.225.128.18) ", None), ("(pid=909608) ", None),
+    ("(VllmWorker rank=1 pid=4527) ", 1), ("(VllmWorker TP1 pid=4527) ", 1), ("[1,1]<stdout>:", 1),
+    ("1: ", 1), ("[default1]:", 1), ("[rank1]:", 1), ("[1] ", 1), ("[2024-10-10 10:00:00 TP1] ", 1),
+    ("2024-12-04T05:27:44.080Z ", None), ("  | 2024-12-04T05:27:44.080Z | ", None),
+    ("2025-11-12 20:41:43,851 - INFO - ", None), ("> ", None), ("worker-1  | ", None),
+]
+
+
+def test_every_launcher_prefix_is_read_with_the_process_and_its_tag(tmp_path):
+    for i, (pre, rank) in enumerate(PREFIXED):
+        log = tmp_path / f"p{i}.log"
+        log.write_text(f"{pre}box:4527:4527 [1] NCCL INFO NCCL_P2P_DISABLE set by environment to 1\n"
+                       f"{pre}box:4527:4527 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/IPC [repeated 3x across "
+                       "cluster]\n")
+        r = logreport.explain_logs([log])
+        assert [(p["host"], p["pid"]) for p in r.processes] == [("box", 4527)], pre
+        assert r.applied == {"NCCL_P2P_DISABLE": {"1": ["box:4527"]}}, pre
+        assert [(p["src"], p["dst"], list(p["transports"])) for p in r.transports["pairs"]] == [("1", "2", ["P2P/IPC"])]
+        assert r.processes[0]["tag_rank"] == rank, pre
+
+
+def test_stripped_and_redacted_prefixes_and_joined_records_are_still_records(tmp_path):
+    log = tmp_path / "pasted.log"
+    log.write_text("NCCL INFO Using network Socket\n"
+                   "[0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n"
+                   "xxxx:xxxx:xxxx [1] NCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct/direct "
+                   "xxxx:xxxx:xxxx [1] NCCL WARN Cuda failure 'out of memory'\n")
+    r = logreport.explain_logs([log])
+    assert {(p["src"], p["dst"]) for p in r.transports["pairs"]} == {("0", "1"), ("1", "0")}
+    assert [w["text"] for w in r.warnings] == ["Cuda failure 'out of memory'"]
+    assert r.network[0]["using"] == "Socket"
+
+
+def test_shm_on_a_box_whose_topology_shows_nvlink_is_a_cause(tmp_path):
+    # the GRAPH pattern line NCCL 2.x prints ("type NVL/PIX"), then SHM between the pair
+    log = tmp_path / "nvl.log"
+    log.write_text("box:1:1 [0] NCCL INFO Pattern 4, crossNic 0, nChannels 12, bw 20.000000/20.000000, type NVL/PIX, "
+                   "sameChannels 1\nbox:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct\n")
+    r = logreport.explain_logs([log])
+    assert any("the topology NCCL read shows NVLink, yet GPU pairs use SHM" in c for c in r.causes)

@@ -39,7 +39,7 @@ def error_for(tmp_path, **overrides) -> SpecError:
     ({"configs": {"default": {}}}, "configs.default", "always added"),
     ({"grid": {"NCCL_PROTO": []}}, "grid.NCCL_PROTO", "non-empty list"),
     ({"base_env": {"NCCL_SHM_DISABLE": "2"}}, "base_env.NCCL_SHM_DISABLE", "0 or 1"),
-    ({"nnodes": 2}, "rdzv_endpoint", "host:port"),
+    ({"nnodes": 2, "launch": "torchrun"}, "rdzv_endpoint", "host:port"),
     ({"nnodes": 2, "rdzv_endpoint": "nohost"}, "rdzv_endpoint", "host:port"),
     ({"trails": 3}, "trails", "unknown key"),
     ({"bands": {"decode": [64, 1]}}, "bands.decode", "min 64 > max 1"),

@@ -189,9 +189,14 @@ def test_matrix_fits_100_columns_for_8_and_16_gpus():
     def ring(n, via):
         return "\n".join(_line(f"Channel {c:02d}/0 : {r}[{r}] -> {(r + 1) % n}[{(r + 1) % n}] via {via}", pid=r)
                          for r in range(n) for c in range(2))
-    eight = tr.summary_json(tr.parse(ring(8, "P2P/CUMEM/read/CE")).values())
+    eight = tr.summary_json(tr.parse(ring(8, "P2P/CUMEM/read")).values())
     lines = tr.render_matrix(eight)
     assert all(len(l) <= 100 for l in lines) and lines[0].split()[1:] == [f"GPU{g}" for g in range(8)]
+    assert lines[1].split() == ["GPU0", "-", "P2P/read"] + ["."] * 6
+    # an 11-character cell on 8 GPUs does not fit whole: one code a cell, never a cut name
+    ce = tr.render_matrix(tr.summary_json(tr.parse(ring(8, "P2P/CUMEM/read/CE")).values()))
+    assert all(len(l) <= 100 for l in ce) and ce[1].split() == ["GPU0", "-", "P"] + ["."] * 6
+    assert "  P = P2P/CUMEM/read/CE: 8 pair(s), 2 channel(s) each" in ce
     sixteen = tr.summary_json(tr.parse(ring(16, "SHM/direct/direct")).values())
     lines = tr.render_matrix(sixteen)
     assert all(len(l) <= 100 for l in lines)
@@ -257,6 +262,6 @@ def test_real_duplicate_gpu_refusal_says_why_there_are_no_connections():
     proc = run_cli("explain", "--log", CONSTRUCTED / "h200x1-gpu-recording-duplicate-gpu-rank0.log")
     assert proc.returncode == 0, proc.stderr
     said = " ".join(proc.stdout.split())
-    assert "pid 626: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60" in said
+    assert "vm:626: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60" in said
     assert "no connection lines: NCCL warned before it connected anything" in said
     assert "each rank needs a GPU of its own" in said and "NCCL_DEBUG_SUBSYS with INIT" not in said

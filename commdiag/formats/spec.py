@@ -36,7 +36,9 @@ STEP_VIAS = ("step", "step-compute", "step-comm")
 REPLAY_STREAMS = ("side", "default")
 # How each launch's processes start (docs/launch-methods.md): a fork of a per-rank launch server
 # that imported torch once, or a fresh torchrun.  The default, per backend, is this one table.
-LAUNCH_METHODS = ("forkserver", "torchrun")
+# ``slurm``: each launch is one srun job step over the allocation's nodes (measure/slurm.py); the
+# default when nnodes > 1 (docs/multinode.md).
+LAUNCH_METHODS = ("forkserver", "torchrun", "slurm")
 # nccl stays on torchrun until the fork server's 2-GPU A/A against it (benchmarks/gpu_forkserver.sh) is
 # recorded: proof 1 (NCCL's own ENV/INIT lines) passed on one GPU, the equivalence of the measurements
 # needs two (docs/launch-methods.md, "Which is the default").
@@ -430,8 +432,11 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         _bounded_int(path, "nproc_per_node", nproc)
     nnodes = _bounded_int(path, "nnodes", get("nnodes"))
     rdzv = get("rdzv_endpoint")
-    if nnodes > 1 and not rdzv:
-        raise SpecError(path, "rdzv_endpoint", "required when nnodes > 1: host:port of the c10d rendezvous")
+    launch = get("launch")
+    if nnodes > 1 and not rdzv and launch == "torchrun":
+        raise SpecError(path, "rdzv_endpoint", "required with launch: torchrun and nnodes > 1: host:port of "
+                                               "the c10d rendezvous (or leave launch unset: inside Slurm each "
+                                               "launch is one srun over the allocation; docs/multinode.md)")
     if rdzv:
         _check_endpoint(path, rdzv)
     large = bool(get("allow_large"))
@@ -467,9 +472,8 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
             vias = ["torch", "nccl-direct"] if backend == "nccl" else ["torch"]
         vias = _choices(path, "vias", vias, VIAS,
                         {"nccl-direct": "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch"}, backend)
-    launch = get("launch")
     if launch is None:
-        launch = DEFAULT_LAUNCH[backend]
+        launch = "slurm" if nnodes > 1 else DEFAULT_LAUNCH[backend]
     if launch not in LAUNCH_METHODS:
         raise SpecError(path, "launch", f"{brief(launch)} is not one of {', '.join(LAUNCH_METHODS)} "
                                         f"(default for backend {backend}: {DEFAULT_LAUNCH[backend]})")

@@ -34,7 +34,7 @@ from typing import Callable
 from .. import __version__, linewrap, metadata, procs
 from ..analyse import certify, paired, racing, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
-from . import launcher, machinestate, runlock, serverpool
+from . import launcher, machinestate, runlock, serverpool, slurm
 from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
@@ -74,6 +74,10 @@ def preflight(spec: Spec) -> int:
                for d in torch_spec.submodule_search_locations or ()):
         raise CommdiagError("torchrun (torch.distributed.run) is missing from this torch build")
     nproc = spec.nproc_per_node
+    if spec.launch == "slurm":  # the ranks run on the allocation's nodes, not on this one
+        return _preflight_slurm(spec, nproc)
+    if spec.nnodes > 1 and spec.launch == "torchrun" and not spec.rdzv_endpoint:
+        raise CommdiagError(slurm.not_in_allocation_text(spec.nnodes))
     if spec.backend == "nccl":
         import torch
 
@@ -97,10 +101,27 @@ def preflight(spec: Spec) -> int:
     return nproc
 
 
+def _preflight_slurm(spec: Spec, nproc: int | None) -> int:
+    """launch: slurm: inside an allocation with enough nodes; ranks per node from the spec, else from
+    Slurm's GPUs per node (nccl); the GPUs are counted by the worker on its node, not here."""
+    alloc = slurm.allocation()
+    slurm.check_fits(alloc, spec.nnodes)
+    if nproc is None:
+        gpus = os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE", "").split(":")[-1]
+        if not gpus.isdigit():
+            raise CommdiagError(f"{spec.path}: nproc_per_node: not set, and Slurm does not say how many GPUs a "
+                                "node has (SLURM_GPUS_ON_NODE): set nproc_per_node, or salloc --gpus-per-node=N")
+        nproc = int(gpus)
+    if nproc * spec.nnodes < 2:
+        raise CommdiagError(f"{spec.path}: nproc_per_node: an all-reduce needs at least 2 ranks in all "
+                            f"(got {nproc} x {spec.nnodes} node(s))")
+    return nproc
+
+
 def _seed(spec: Spec) -> int:
     if spec.seed is not None:
         return spec.seed
-    if spec.nnodes > 1:  # every node must draw the same order: derive it from the spec
+    if spec.nnodes > 1 and spec.launch == "torchrun":  # a commdiag per node: each must draw the same order
         return zlib.crc32(repr(spec.to_json()).encode())
     return random.SystemRandom().randrange(2**31)
 
@@ -182,13 +203,15 @@ LAUNCH_TEXT = {
                   "imported torch and the worker only (no CUDA, NCCL or NVML before the fork); the child "
                   "sets the launch's variables, then initialises CUDA, NCCL and the process group",
     "torchrun": "each launch is a fresh torchrun (agent and workers each import torch)",
+    "slurm": "each launch is one Slurm job step (srun) over the allocation's nodes: every rank a fresh "
+             "process started by slurmstepd with the launch's environment (--export=ALL)",
 }
 
 
 def launch_method(spec: Spec) -> tuple[str, str | None]:
     """The method this run's launches use, and why it is not the spec's ``launch`` (None: it is)."""
-    if spec.launch == "torchrun":
-        return "torchrun", None
+    if spec.launch in ("torchrun", "slurm"):
+        return spec.launch, None
     if spec.nnodes > 1:
         return "torchrun", "launch: forkserver is single-node only; nnodes > 1 runs a fresh torchrun per launch"
     # A config's variable that the servers may not change after the fork (LD_PRELOAD, OMP_NUM_THREADS,
@@ -198,7 +221,10 @@ def launch_method(spec: Spec) -> tuple[str, str | None]:
 
 def _launch_record(spec: Spec) -> dict:
     how, why = launch_method(spec)
-    return {"requested": spec.launch, "method": how, **({"note": why} if why else {})}
+    record = {"requested": spec.launch, "method": how, **({"note": why} if why else {})}
+    if how == "slurm":
+        record["slurm"] = slurm.allocation().to_json()
+    return record
 
 
 class Starter:
@@ -221,6 +247,22 @@ class Starter:
         Returns (outcome, marker, method)."""
         from ..atomic import write_json
 
+        if self.method == "slurm":
+            marker = launcher.new_marker()
+            mark(marker)
+            alloc = slurm.Allocation(self.run["launch"]["slurm"]["job_id"],
+                                     tuple(self.run["launch"]["slurm"]["nodes"]))
+            outcome = slurm.launch_worker(folder, plan, alloc=alloc, base_env=self.base_env, config_env=config_env,
+                                          extra_env=extra_env, nproc=self.run["nproc_per_node"],
+                                          nnodes=self.spec.nnodes, deadline_s=deadline_s, marker=marker)
+            if outcome.exit_code not in (0, None) and not slurm.alive(alloc):
+                # the allocation ended under the launch (time limit, scancel, salloc interrupted): not
+                # the config's failure; the launch is pending again and the run resumable elsewhere
+                self.run.setdefault("warnings", []).append(
+                    f"Slurm job {alloc.job_id} ended mid-run: resume inside a new allocation, "
+                    f"salloc -N {self.spec.nnodes} commdiag sweep --resume {self.run_dir}")
+                outcome = launcher.LaunchOutcome(None, False, outcome.wall_s, outcome.killed_survivors, True)
+            return outcome, marker, "slurm"
         if self.method == "forkserver":
             if self.pool is None:
                 self.pool = serverpool.ServerPool(self.run["nproc_per_node"], self.base_env,
@@ -377,6 +419,17 @@ def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str]
 def _reap(run: dict, run_dir: Path) -> None:
     """Before a resume reruns a launch: end what a killed commdiag left running (by launch marker)."""
     ended = runlock.reap_orphans(run)
+    record = run.get("launch", {})
+    if record.get("method") == "slurm" and slurm.in_allocation():
+        # the launches' ranks ran on the allocation's nodes: end what a killed commdiag left there too
+        alloc = slurm.allocation()
+        pending = {l.get("marker") for l in run["launches"] if l.get("status") == results.PENDING}
+        for marker in sorted(m for m in pending if m):
+            slurm.cancel_step(alloc, marker)
+            found = slurm.reap(alloc, min(run["spec"].get("nnodes", 1), len(alloc.nodes)), marker, dict(os.environ))
+            if found:
+                run.setdefault("warnings", []).append(
+                    f"ended {found} process(es) of launch marker {marker[:12]} left on the allocation's nodes")
     if ended:
         run.setdefault("warnings", []).append(
             f"ended {len(ended)} process(es) left running by an earlier commdiag in {run_dir} (pids "

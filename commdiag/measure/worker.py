@@ -42,11 +42,12 @@ result.json: {"format": "commdiag-launch", "version": 2, "ranks": [per rank: inf
 "enqueue_us": {via: {size: [us...]}}]}.  Version 1 (no via level) is still read.
 
 Test-only switch, honoured only when set: ``COMMDIAG_TEST_FAULT`` = ``hang``
-(rank 0 sleeps before timing), ``crash`` (rank 0 exits 3 mid-launch),
+(rank 0 sleeps before timing), ``hang-detached`` (rank 0 leaves a grandchild in a session of its
+own, then sleeps), ``crash`` (rank 0 exits 3 mid-launch),
 ``wrong`` (rank 0 corrupts one element, so the check counts it), or
 ``hang-teardown`` (all results written, then rank 0 never exits).  The tests
-set it as an ordinary config variable.  Nothing on this module's import path reads the
-environment at import time: a launch server imports it once for many launches
+set it as an ordinary config variable; ``COMMDIAG_TEST_FAULT_RANK`` moves the fault to another
+rank.  Nothing on this module's import path reads the environment at import time: a launch server imports it once for many launches
 (docs/launch-methods.md).
 """
 
@@ -67,6 +68,7 @@ from ..nccl import ncclog, tunerlog
 from ..atomic import write_json
 
 FAULT_VAR = "COMMDIAG_TEST_FAULT"
+FAULT_RANK_VAR = "COMMDIAG_TEST_FAULT_RANK"  # the rank the fault hits (default 0)
 # Benchmarks only: COMMDIAG_SHARE_GPU=1 puts every rank of a one-GPU machine on GPU 0 with its own
 # NCCL_HOSTID, a real multi-rank NCCL communicator over sockets (the fork server's proof 2 on 1 GPU).
 SHARE_GPU_VAR = "COMMDIAG_SHARE_GPU"
@@ -87,9 +89,18 @@ def _test_fault() -> str:
 
 def _fault(point: str, rank: int) -> None:
     fault = _test_fault()
-    if rank != 0 or not fault:
+    if rank != int(os.environ.get(FAULT_RANK_VAR) or 0) or not fault:
         return
     if fault == "hang" and point == "before-timing":
+        time.sleep(10**6)
+    if fault == "hang-detached" and point == "before-timing":
+        # a grandchild in a session of its own (re-parented to init, out of every process tree a
+        # launcher or slurmstepd follows), then hang: only the marker sweep can find it
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(10**6)
+            os._exit(0)
         time.sleep(10**6)
     if fault == "crash" and point == "before-timing":
         print("commdiag test fault: crashing rank 0 on purpose", file=sys.stderr, flush=True)
@@ -102,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(argv[argv.index("--plan") + 1]).read_text())
     out_dir = Path(plan["out_dir"])
+    from .slurm import adopt_slurm_ranks
+
+    adopt_slurm_ranks()  # a task srun started: Slurm's rank variables as torch's (a no-op under torchrun)
     rank = int(os.environ.get("RANK", "0"))
     try:
         return _run(plan, rank)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-from .ncclog import _PREFIX
+from . import ncclog
 
 COMMDIAG = "commdiag"  # the name commdiag's plugin gives NCCL
 
@@ -220,20 +220,23 @@ def _nccl_line(t: TunerLog, msg: str) -> bool:
 
 
 def parse(text: str) -> dict[int, TunerLog]:
-    """pid -> TunerLog for every NCCL process with a tuner line in ``text`` (other lines ignored)."""
-    out: dict[int, TunerLog] = {}
-    for line in text.splitlines():
-        m = _PREFIX.match(line.strip())
-        if not m:
+    """pid -> TunerLog for every NCCL process with a tuner line in ``text`` (other lines ignored); one
+    host's log (``parse_records`` keys by host and pid)."""
+    return {pid: t for (_, pid), t in
+            parse_records(r for line in text.splitlines() for r in ncclog.records(line)).items()}
+
+
+def parse_records(recs) -> dict[tuple[str, int | None], TunerLog]:
+    """(host, pid) -> TunerLog for every NCCL process with a tuner line (``ncclog.Record``)."""
+    out: dict[tuple[str, int | None], TunerLog] = {}
+    for r in recs:
+        key = r.proc
+        t = out.get(key) or TunerLog(key[0], key[1], r.dev if r.dev is not None else -1)
+        if r.msg.startswith(_CT):
+            _plugin_line(t, r.msg, r.level)
+        elif not _nccl_line(t, r.msg):
             continue
-        msg = m["msg"]
-        pid = int(m["pid"])
-        t = out.get(pid) or TunerLog(m["host"], pid, int(m["dev"]))
-        if msg.startswith(_CT):
-            _plugin_line(t, msg, m["level"])
-        elif not _nccl_line(t, msg):
-            continue
-        out[pid] = t
+        out[key] = t
     return out
 
 
