@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Callable
 
 from .. import __version__, linewrap, metadata, procs
-from ..analyse import certify, paired, racing, stats, verdict
+from ..analyse import certify, paired, racing, screening, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
-from . import launcher, machinestate, runlock, serverpool, slurm
+from . import eta, launcher, machinestate, runlock, serverpool, slurm
 from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
@@ -240,6 +240,7 @@ class Starter:
         if run.get("launch", {}).get("fallback"):  # refused earlier in this run: stays off
             self.method = "torchrun"
         self.pool: serverpool.ServerPool | None = None
+        self.started_servers = False
 
     def launch(self, folder: Path, plan: dict, *, index: int, config_env: dict, extra_env: dict,
                deadline_s: float, rdzv_id: str, mark: Callable[[str], None]) -> tuple[launcher.LaunchOutcome, str, str]:
@@ -263,8 +264,10 @@ class Starter:
                     f"salloc -N {self.spec.nnodes} commdiag sweep --resume {self.run_dir}")
                 outcome = launcher.LaunchOutcome(None, False, outcome.wall_s, outcome.killed_survivors, True)
             return outcome, marker, "slurm"
+        self.started_servers = False
         if self.method == "forkserver":
             if self.pool is None:
+                self.started_servers = True  # this launch carries their one-time start (eta.py leaves it out)
                 self.pool = serverpool.ServerPool(self.run["nproc_per_node"], self.base_env,
                                                   self.run_dir / "launch-servers.log")
             marker = self.pool.marker
@@ -516,15 +519,19 @@ def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progres
 def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
     """The first thing a sweep prints: where it writes, how many launches, about how long."""
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
-    per = _mean_wall(run)  # this run's own launches (a resume); none yet: no guess, the progress lines say
     stage1 = sum(1 for l in pending if int(l.get("stage", 1)) == 1)
-    then = ("; then stage 2 (confirmation; its plan is printed when screening ends)"
-            if run.get("confirm_requested", True) and run.get("confirmation") is None else "")
+    later = run.get("confirm_requested", True) and run.get("confirmation") is None
+    most = stage2_at_most(spec) if later else 0
+    then = (f"; then stage 2 (confirmation; its plan is printed when screening ends): at most {most} launches"
+            if later else "")
+    cost = eta.measured(run) or eta.recorded(spec, run.get("launch", {}).get("method") or launch_method(spec)[0])
+    est = eta.remaining_s(spec, run, cost, pending, most)
     line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
-            + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
-            + (f", about {len(pending) * per / 60:.1f} min at this run's {per:.0f} s a launch" if per
-               else "; the ETA follows from this machine's own launches, from the first one on") + then)
-    lines = [line]
+            + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials"
+               + ("; racing may drop clear losers" if (run.get("racing") or {}).get("enabled") else "") + ")"
+               if stage1 else "") + then)
+    lines = [line, f"  expected: {_minutes(est)} in all" + (" at most" if most else "") + f" ({cost.note})"
+             if est is not None else f"  expected: from the first launch on ({cost.note})"]
     how = run.get("launch", {})
     if how.get("method"):
         lines.append(f"  launch: {how['method']}" + (f" ({how['note']})" if how.get("note") else "")
@@ -536,7 +543,59 @@ def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
             lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
                          f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
                          "the rounds every claim needs)")
-    return StagePlan("start", len(pending), len(pending) * per if per else None, _fit(lines))
+    return StagePlan("start", len(pending), est, _fit(lines))
+
+
+def _minutes(seconds: float) -> str:
+    return f"about {seconds / 60:.1f} min" if seconds >= 90 else f"about {seconds:.0f} s"
+
+
+def stage2_at_most(spec: Spec) -> int:
+    """The most stage-2 launches a sweep of ``spec`` can plan, known before screening: every band adds a
+    screening candidate besides confirm.configs, each round runs default and every claimed config."""
+    fewest, most, _ = _spec_families(spec)
+    if not most:
+        return 0
+    alt = TWO_SIDED if spec.confirm_configs else LESS
+    rounds = spec.confirm_rounds or paired.rounds_to_reach(stats.ALPHA / most, alt)
+    bands = sum(1 for rng in spec.bands.values() if any(screening.in_band(s.tokens, rng) for s in spec.sizes))
+    unnamed = len(spec.configs) - 1 - len(spec.confirm_configs)
+    return rounds * (1 + len(spec.confirm_configs) + min(bands, max(unnamed, 0)))
+
+
+def dry_run(spec: Spec) -> StagePlan:
+    """``commdiag sweep SPEC --dry-run``: the plan (launches per stage, at most how many stage-2 rounds) and
+    its expected wall time from recorded components (eta.py), without launching anything."""
+    how, why = launch_method(spec)
+    cost = eta.recorded(spec, how)
+    n1 = len(spec.configs) * spec.trials
+    most = stage2_at_most(spec)
+    fewest, claims, alt = _spec_families(spec)
+    rounds = (spec.confirm_rounds or paired.rounds_to_reach(stats.ALPHA / claims, TWO_SIDED if spec.confirm_configs
+                                                            else LESS)) if claims else 0
+    one1 = cost.launch_s()
+    one2 = cost.launch_s(eta.stage2_graph_share(spec))
+    lines = [f"plan for {spec.path} (nothing is launched):",
+             f"  launch: {how}" + (f" ({why})" if why else ""),
+             f"  stage 1 (screening): {len(spec.configs)} configs x {spec.trials} trials = {n1} launches"
+             + (f", {len(spec.sizes)} sizes x {eta.series(spec)} series each" if spec.sizes else "")
+             + ("; racing stops launching configs that lose clearly after each trial (fewer launches)"
+                if spec.racing else "")]
+    if most:
+        lines.append(f"  stage 2 (confirmation): at most {rounds} rounds x {most // max(rounds, 1)} configs = {most} "
+                     f"launches (up to {claims} claim(s); fewer when screening nominates fewer configs)")
+    else:
+        lines.append("  stage 2 (confirmation): none (no config besides default)")
+    if one1 is None:
+        lines.append(f"  expected: start-up {cost.startup_s * (n1 + most) / 60:.1f} min for {n1 + most} launches, "
+                     f"plus measuring, known from the first launch ({cost.note})")
+        est = None
+    else:
+        est = eta.SERVER_START_S.get(spec.backend, 0.0) * (how == "forkserver") + n1 * one1 + most * one2
+        lines.append(f"  expected: {_minutes(est)} at most: {n1} x {one1:.1f} s + {most} x {one2:.1f} s "
+                     f"(stage 2 times one series)" + (" + the launch servers' start" if how == "forkserver" else ""))
+        lines.append(f"    {cost.note}")
+    return StagePlan("dry-run", n1 + most, est, _fit(lines))
 
 
 def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
@@ -575,7 +634,7 @@ def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: 
                 done += 1
                 if on_progress:
                     left = remaining + len(batch) - 1 - i
-                    on_progress(Progress(done, done + left, launch, left * sum(done_walls) / len(done_walls)))
+                    on_progress(Progress(done, done + left, launch, _eta(spec, run, pending, [])))
         except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
             results.save_run(run_dir, run)
             return True
@@ -606,6 +665,15 @@ def race(spec: Spec, run: dict, run_dir: Path) -> list[dict]:
         if l["status"] == results.PENDING and l["config"] in why:
             l["status"], l["dropped"] = results.DROPPED, why[l["config"]]
     return [d.to_json() for d in drops]
+
+
+def _eta(spec: Spec, run: dict, pending: list[dict], rest_of_batch: list[dict]) -> float | None:
+    """The progress line's ETA: this run's measured cost (eta.py: the servers' start left out) for what is left."""
+    cost = eta.measured(run)
+    if cost is None:
+        return None
+    left = [l for l in pending if l["status"] == results.PENDING] + rest_of_batch
+    return eta.remaining_s(spec, run, cost, left)
 
 
 # What a pending launch keeps when it is reset: its identity and place in the plan.
@@ -858,6 +926,8 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
             launch["server_group"] = starter.pool.last_group  # run.json launch.server_groups[N]
         _record(spec, run, launch, outcome, result, folder, shared=reuse)
         launch["machine"] = machine
+        if n == 0 and starter.started_servers:
+            launch["starts_servers"] = True
         if reuse:
             # one process measured every launch of the batch: its start and teardown are shared
             share = max(outcome.wall_s - measured, 0.0) / len(batch)
