@@ -41,7 +41,13 @@ EFFECTS = {DEFAULT: (1, 1), "aa1": (1, 1), "aa2": (1, 1), "aa3": (1, 1), "loser"
            "ll-like": (0.9, 3), "named-loser": (3, 3), "slightly-slower": (1.15, 1.15)}
 
 
-@pytest.mark.parametrize("launches", [1, 2])
+def test_after_one_trial_the_spread_between_configs_keeps_a_3x_loser():
+    """One launch each: the noise is the spread between configs (real effects included), so a 3x loser
+    among a few others is not "far more than the noise" yet."""
+    assert racing.decide(_screen(_values(EFFECTS, 1), list(EFFECTS)), after_trial=1) == []
+
+
+@pytest.mark.parametrize("launches", [2, 3])
 def test_only_configs_slower_in_every_band_are_dropped_and_named_configs_never(launches):
     configs = list(EFFECTS)
     drops = racing.decide(_screen(_values(EFFECTS, launches), configs), after_trial=launches,
@@ -79,7 +85,7 @@ def test_simulated_pcie8_runs_never_drop_the_winner(model):
 def test_simulated_quiet_runs_drop_the_losers():
     r = _simulation().simulate("lognormal3", runs=4, seed0=7)
     assert r["winner_dropped"] == 0 and r["aa_dropped"] == 0
-    assert r["loser_drop_rate"] == 1.0 and r["launch_share"] < 0.85
+    assert r["loser_drop_rate"] == 1.0 and r["launch_share"] < 0.92  # the losers' third trial
 
 
 def _fake_launch(run_dir: Path, launch: dict, factor: float) -> None:
@@ -96,8 +102,8 @@ def _fake_launch(run_dir: Path, launch: dict, factor: float) -> None:
 
 
 def test_the_sweep_drops_a_losers_remaining_launches_and_records_why(tmp_path):
-    """The sweep's hook on a real run folder: after trial 1 completes, the loser's trial-2 and -3 launches
-    are ``dropped`` with the reason, run.json records the look, it loads back (format 7), and the
+    """The sweep's hook on a real run folder: after trial 2 completes, the loser's trial-3 launch is
+    ``dropped`` with the reason, run.json records the look, it loads back (format 7), and the
     verdicts (CLI and report) say what was dropped; a trial still open drops nothing."""
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text("name: race\nbackend: gloo\nnproc_per_node: 2\ndtype: float32\n"
@@ -108,26 +114,27 @@ def test_the_sweep_drops_a_losers_remaining_launches_and_records_why(tmp_path):
     run_dir.mkdir()
     run = sweep.new_run(spec, run_dir, 2)
     assert run["version"] == 7 and run["racing"] == {"enabled": True, "looks": []}
-    trial0 = [l for l in run["launches"] if l["trial"] == 0]
-    for l in trial0[:-1]:
+    first2 = [l for l in run["launches"] if l["trial"] < 2]
+    for l in first2[:-1]:
         _fake_launch(run_dir, l, 3.0 if l["config"] == "loser" else 1.0)
-        assert sweep.race(spec, run, run_dir) == []  # trial 1 is not complete yet
-    _fake_launch(run_dir, trial0[-1], 3.0 if trial0[-1]["config"] == "loser" else 1.0)
+        assert sweep.race(spec, run, run_dir) == []  # trial 2 is not complete yet; one trial keeps all
+    assert [lk["after_trial"] for lk in run["racing"]["looks"]] == [1]
+    _fake_launch(run_dir, first2[-1], 3.0 if first2[-1]["config"] == "loser" else 1.0)
     drops = sweep.race(spec, run, run_dir)
     assert [d["config"] for d in drops] == ["loser"]
     dropped = [l for l in run["launches"] if l["status"] == results.DROPPED]
-    assert {(l["config"], l["trial"]) for l in dropped} == {("loser", 1), ("loser", 2)}
+    assert {(l["config"], l["trial"]) for l in dropped} == {("loser", 2)}
     assert all("every band and mode" in l["dropped"] for l in dropped)
     assert sweep.race(spec, run, run_dir) == []  # one look per trial
-    assert run["racing"]["looks"][0]["after_trial"] == 1
+    assert [lk["after_trial"] for lk in run["racing"]["looks"]] == [1, 2]
     results.save_run(run_dir, run)
     back = results.load_run_json(run_dir)
-    assert sum(l["status"] == results.DROPPED for l in back["launches"]) == 2
+    assert sum(l["status"] == results.DROPPED for l in back["launches"]) == 1
     notes = racing.notes(back)
-    assert notes[0].startswith("racing: 1 config(s) no longer launched in screening, 2 launch(es) saved")
+    assert notes[0].startswith("racing: 1 config(s) no longer launched in screening, 1 launch(es) saved")
     v = verdict.evaluate([], back, {})
     assert any(n.startswith("racing:") for n in v.notes)
-    assert sweep.SweepResult(run_dir, "complete", {"ok": 13, "dropped": 2}).all_ok
+    assert sweep.SweepResult(run_dir, "complete", {"ok": 17, "dropped": 1}).all_ok
 
 
 def test_racing_false_and_old_runs_run_every_launch(tmp_path):

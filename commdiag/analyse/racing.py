@@ -18,8 +18,8 @@ under every launch-noise model the verdict simulations use:
 - the standard error is the launch noise x sqrt(1/n + 1/n_default).  From two launches per config on,
   the noise is screening's pooled between-launch sd of that band and mode.  After the first trial
   (one launch each) no within-config spread exists; the spread *between* configs stands in
-  (1.4826 x the median absolute deviation of every config's value, default included): it holds the
-  launch noise plus every real effect, so it can only overstate the noise, which makes drops rarer;
+  (the sd of every config's value, default included): it holds the launch noise plus every real
+  effect, so it can only overstate the noise, which makes drops rarer;
 - default and the spec's ``confirm.configs`` are never dropped (their claims are made regardless of
   screening), nor is a config with a band or mode that has no value yet (nothing to judge).
 """
@@ -30,11 +30,10 @@ import math
 from dataclasses import dataclass
 
 from .screening import Estimate, Screening
-from .stats import DEFAULT, median
+from .stats import DEFAULT
 
 Z = 4.0  # standard errors a loss must exceed: 4 sd of a normal is 3e-5 one-sided, before the every-band rule
 MIN_LOSS = 0.25  # and at least 25% slower: a loss of 10% is one rare slow launch (rare-slow model), never "clear"
-MAD_SD = 1.4826  # median absolute deviation -> sd for normal noise
 MIN_CONFIGS_FOR_SPREAD = 5  # the between-config spread stands in for the noise only with this many configs
 
 
@@ -53,13 +52,16 @@ class Drop:
 
 
 def _spread_noise(cells: list[Estimate]) -> float | None:
-    """After one launch each: the between-config spread (MAD x 1.4826, default included) of one band/mode."""
+    """After one launch each: the between-config spread (sd of ln value, default included) of one band/mode.
+    Not a median absolute deviation: with two launch states (60% of 2x H200 eager launches 1.7x slower)
+    most values sit in one state, the MAD comes out near 0 and a config in the other state looks like a
+    loser (benchmarks/racing_simulation.py dropped the winner in 0.6% of runs that way)."""
     if len(cells) + 1 < MIN_CONFIGS_FOR_SPREAD or cells[0].default_us is None:
         return None
     vals = [math.log(c.time_us) for c in cells] + [math.log(cells[0].default_us)]
-    mid = median(vals)
-    mad = median([abs(v - mid) for v in vals])
-    return MAD_SD * mad if mad > 0 else None
+    mid = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - mid) ** 2 for v in vals) / (len(vals) - 1))
+    return sd if sd > 0 else None
 
 
 def decide(scr: Screening, *, after_trial: int, protected=(), already=()) -> list[Drop]:
