@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU proof of launch: forkserver (docs/launch-methods.md), on 1 or 2 GPUs:
 #   BUDGET_S=470 bash benchmarks/gpu_forkserver.sh all     # 1x H200: about 3-5 min; 2x H200: about 8 min
+#   BUDGET_S=240 bash benchmarks/gpu_forkserver.sh net1    # 1x H200: proof 2 on two ranks of one GPU, ~3 min
 # It leaves $OUT/gpu-forkserver.tgz (every folder and log under /tmp/gpu-fs) and prints:
 #   1. proof 1: NCCL's ENV and INIT lines of a forked child against a fresh torchrun launch, for the
 #      seed config's six NCCL_* variables, one rank (benchmarks/forkserver_nccl.py env; compare script:
@@ -54,24 +55,29 @@ for m in ("torchrun", "forkserver"):
               f"range {min(o):.2f}-{max(o):.2f}, n={len(o)} (first launch {o[0]:.2f} s)")
 EOF
     else
-      # Proof 2 on one GPU: two ranks on GPU 0, each with its own NCCL_HOSTID (worker.SHARE_GPU_VAR), a real
-      # 2-rank NCCL communicator over sockets; the A/A between the launch methods, graph mode, alternated
-      # torchrun, forkserver, torchrun, forkserver; then `compare` of each method's pair of runs.
-      SIZES="sizes.tokens=[1,8,64,512,4096]"
-      for rep in 1 2; do for m in torchrun forkserver; do
-        step net1-$m-$rep 100 bash -c "s=\$(date +%s); COMMDIAG_SHARE_GPU=1 NCCL_SOCKET_IFNAME=lo python3 -m commdiag.cli \
-          sweep sweeps/nvlink2-aa.yaml --no-confirm --set launch=$m --set trials=2 --set 'modes=[graph]' \
-          --set nproc_per_node=2 --set 'vias=[torch]' --set '$SIZES' --out $G/net1-$m-$rep; \
-          rc=\$?; echo sweep wall \$(( \$(date +%s) - s ))s; exit \$rc"
-      done; done
-      for rep in 1 2; do
-        [ -f $G/net1-torchrun-$rep/run.json ] && [ -f $G/net1-forkserver-$rep/run.json ] && \
-          step net1-compare-$rep 30 python3 -m commdiag.cli compare $G/net1-torchrun-$rep $G/net1-forkserver-$rep
-      done
-      [ -f $G/net1-torchrun-1/run.json ] && [ -f $G/net1-torchrun-2/run.json ] && \
-        step net1-compare-aa 30 python3 -m commdiag.cli compare $G/net1-torchrun-1 $G/net1-torchrun-2
+      echo "1 GPU: proof 2 runs on two ranks of one GPU: bash $0 net1" | tee -a $G/skipped.txt
     fi
     echo "left $(left)s; done: $(cd $G && ls done-* 2>/dev/null | tr '\n' ' ')"; cat $G/skipped.txt 2>/dev/null
     ;;
-  *) echo "usage: $0 all"; exit 2;;
+  net1)
+    # Proof 2 on one GPU: two ranks on GPU 0, each with its own NCCL_HOSTID (worker.SHARE_GPU_VAR), a real
+    # 2-rank NCCL communicator over sockets; the A/A between the launch methods (benchmarks/net1-aa.yaml,
+    # graph mode), alternated torchrun, forkserver, torchrun, forkserver; then `compare` of the runs.
+    trap finish EXIT
+    for rep in 1 2; do for m in torchrun forkserver; do
+      step net1-$m-$rep 60 bash -c "s=\$(date +%s); COMMDIAG_SHARE_GPU=1 python3 -m commdiag.cli sweep \
+        benchmarks/net1-aa.yaml --no-confirm --set launch=$m --out $G/net1-$m-$rep; \
+        rc=\$?; echo sweep wall \$(( \$(date +%s) - s ))s; exit \$rc"
+    done; done
+    for rep in 1 2; do
+      [ -f $G/net1-torchrun-$rep/run.json ] && [ -f $G/net1-forkserver-$rep/run.json ] && \
+        step net1-compare-$rep 30 python3 -m commdiag.cli compare $G/net1-torchrun-$rep $G/net1-forkserver-$rep
+    done
+    [ -f $G/net1-torchrun-1/run.json ] && [ -f $G/net1-torchrun-2/run.json ] && \
+      step net1-compare-tt 30 python3 -m commdiag.cli compare $G/net1-torchrun-1 $G/net1-torchrun-2
+    [ -f $G/net1-forkserver-1/run.json ] && [ -f $G/net1-forkserver-2/run.json ] && \
+      step net1-compare-ff 30 python3 -m commdiag.cli compare $G/net1-forkserver-1 $G/net1-forkserver-2
+    echo "left $(left)s; done: $(cd $G && ls done-* 2>/dev/null | tr '\n' ' ')"
+    ;;
+  *) echo "usage: $0 all|net1"; exit 2;;
 esac

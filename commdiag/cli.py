@@ -66,8 +66,8 @@ class _Group(click.Group):
     any other exception is one line naming what failed (exit 2), its traceback behind --debug.
     Lists the commands in the order of the workflow (README "On your GPU box"), not alphabetically."""
 
-    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "ab", "report", "compare", "explain", "install-hook", "tuner",
-             "check-env", "detect", "nodes")
+    ORDER = ("doctor", "p2p", "sweep", "confirm", "step", "trace", "ab", "report", "compare", "explain", "install-hook",
+             "tuner", "check-env", "detect", "nodes")
 
     def list_commands(self, ctx):
         names = super().list_commands(ctx)
@@ -482,6 +482,47 @@ def compare_cmd(run_a, run_b, as_json, html_out):
     else:
         _echo(compare.render_text(res))
         if html_out:
+            _echo(f"\nhtml: {html_out}")
+
+
+@main.command("trace", short_help="Your server's profiler trace: is communication the bottleneck?")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--step", "step", metavar="REGEX",
+              help="The CPU annotation that is one step (default: ProfilerStep#N, else a numbered annotation, "
+                   "else each CUDA graph launch).")
+@click.option("--sweep", "sweep_dir", type=click.Path(file_okay=False, path_type=Path), metavar="RUN_DIR",
+              help="A sweep's run folder: what its certified winner would save of this step at most.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the answer as an offline HTML page with a timeline per rank.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (format commdiag-trace).")
+def trace_cmd(traces, step, sweep_dir, html_out, as_json):
+    """Read the Kineto traces your server wrote (torch.profiler, SGLang --profile, vLLM
+    VLLM_TORCH_PROFILER_DIR; .json or .json.gz, files or folders, one file per rank) and say whether
+    communication is the bottleneck: per rank and step, GPU time split into compute, NCCL by
+    collective, memory copies and idle; the exposed communication; the idle time the CPU caused
+    (a launch-bound eager step); all-reduce sizes and what NCCL chose; the straggler per step.
+    Never imports torch and never measures (docs/trace.md)."""
+    from . import trace as trace_mod
+
+    if html_out is not None:
+        from .atomic import check_target
+        from .trace import page
+
+        check_target(html_out)
+        page.check_plotly()
+    rep = trace_mod.analyse_paths(traces, step=step, sweep=sweep_dir)
+    if html_out is not None:
+        from .atomic import write_text
+        from .trace import page
+
+        write_text(html_out, page.build_html(rep))
+    if as_json:
+        _echo(json.dumps(rep.to_json(), indent=1), wrap=False)
+    else:
+        from .trace import render
+
+        _echo(render.render(rep))
+        if html_out is not None:
             _echo(f"\nhtml: {html_out}")
 
 
