@@ -370,6 +370,8 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
             run["confirm_requested"] = bool(confirm)
             if certify_sizes:
                 run["certify_sizes"] = {"trials": spec.trials}
+                # its per-size claims are tested on stage 1 itself, every config in every trial
+                run["racing"] = {"enabled": False, "looks": [], "note": "off with --certify-sizes"}
             results.save_run(run_dir, run)
             return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
     with runlock.hold(run_dir):
