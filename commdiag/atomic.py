@@ -3,6 +3,11 @@ profiles, --out/--html targets) goes through ``write_text``/``write_json``.
 
 What it writes, and how it refuses:
 
+* **Through the folder's descriptor, never a link**: the folder is opened from ``/`` one component
+  at a time without following a link (``safedir``; links in the path as given are resolved once
+  before, and as root only where no other user can change them); the temporary file, the rename
+  and any removal are relative to that descriptor.  Output folders are made the same way
+  (``make_dirs``), and removed without following links inside (``remove_tree``).
 * **Regular files, atomically**: a sibling temporary file, fsync, rename over the target.  A
   sweep killed at any moment leaves either the old or the new file, never half of one.  A new
   file gets the mode open() would give it (umask), a replaced one keeps its own.
@@ -21,12 +26,15 @@ Every refusal is a ``CommdiagError`` (exit 2 in the CLI) naming the path and the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import posixpath
+import shutil
 import stat
-import tempfile
 from pathlib import Path
 
+from . import safedir
 from .errors import CommdiagError
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -75,24 +83,112 @@ def check_target(path: str | Path) -> os.stat_result | None:
     return None
 
 
-def write_text(path: str | Path, text: str) -> None:
-    st = check_target(path)
-    path = Path(path)
-    tmp = None
+def _trusted_links(folder: str) -> str:
+    """``folder`` with its links resolved once (``safedir.real_path``), the path every later step walks
+    without following a link.  As root, a link on the way is followed only where no other user could
+    have put it there or can change it (``ownership``: the link, its folder and every folder above):
+    a user who owns a run folder could otherwise swap it for a link between commdiag's reads and its
+    write, and have root write wherever the link points."""
+    folder = posixpath.normpath(os.path.abspath(folder))
+    if os.geteuid() == 0:
+        from . import ownership
+
+        w = ownership.Walker()
+        w.path(folder)
+        if w.links and w.findings:
+            f = w.findings[0]
+            raise CommdiagError(f"{folder}: as root, commdiag writes through a symbolic link ({w.links[0]}) "
+                                f"only where no other user can change it, and {f.path} is {f.why}; give a "
+                                "folder root owns, by its real path")
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:100]}.", suffix=".tmp")
-        os.fchmod(fd, _mode_for(st))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        check_target(path)  # became something else while we wrote: leave it alone
-        os.replace(tmp, path)
-        tmp = None
+        return safedir.real_path(folder)
     except OSError as e:
-        raise CommdiagError(f"{path}: cannot write: {e.strerror or e}") from None
+        raise CommdiagError(f"{folder}: cannot write here: {e.strerror or e}") from None
+
+
+def real_path(path: str | Path) -> str:
+    """``path`` absolute, its links resolved (``safedir.real_path``; what does not exist kept as named)."""
+    return safedir.real_path(posixpath.normpath(os.path.abspath(str(path))))
+
+
+@contextlib.contextmanager
+def folder_fd(folder: str | Path):
+    """A descriptor of the existing folder ``folder``, reached from ``/`` without following a link
+    (links in the path as given are resolved first, once: ``_trusted_links``).  Everything written
+    relative to it lands in that very folder, whatever is renamed or linked on the way meanwhile."""
+    real = _trusted_links(str(folder))
+    try:
+        fd = safedir.open_dir(real, "/")
+    except safedir.NotReal as e:
+        raise CommdiagError(f"{folder}: cannot write: {e.path} is {e.what} (it changed while commdiag "
+                            "worked?)") from None
+    except OSError as e:
+        raise CommdiagError(f"{folder}: cannot write: {e.strerror or e}") from None
+    try:
+        yield fd
     finally:
-        discard(tmp)
+        os.close(fd)
+
+
+def write_bytes(path: str | Path, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` atomically, through its folder's descriptor (``folder_fd``): an
+    ``O_EXCL|O_NOFOLLOW`` temporary file there, fsync, renamed over the name.  ``mode``: the new
+    file's mode (default: the old file's, else what open() would give under the umask)."""
+    check_target(path)  # the early, readable refusal; checked again inside the folder below
+    path = Path(path)
+    with folder_fd(path.parent) as dfd:
+        st = _check_in(dfd, path)
+        try:
+            safedir.write_in(dfd, path.name, bytes(data), _mode_for(st) if mode is None else mode)
+        except OSError as e:
+            raise CommdiagError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def write_text(path: str | Path, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def _check_in(dfd: int, path: Path) -> os.stat_result | None:
+    """The target's lstat inside the opened folder (None: absent); a link or a non-regular file is refused."""
+    try:
+        st = safedir.lstat_in(dfd, path.name)
+    except OSError as e:
+        raise CommdiagError(f"{path}: cannot write here: {e.strerror}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else next(
+            (w for t, w in _KINDS if t(st.st_mode)), "not a regular file")
+        raise CommdiagError(f"{path}: is {what}; commdiag writes only regular files and never through a link")
+    return st
+
+
+def make_dirs(path: str | Path, mode: int = 0o755) -> list[str]:
+    """Create folder ``path`` and its missing parents without following a link on the way (links that
+    exist are resolved once, as ``folder_fd`` does; as root only those no other user can change).
+    Returns the folders created, top-down."""
+    path = posixpath.normpath(os.path.abspath(str(path)))
+    real = _trusted_links(path)
+    try:
+        return safedir.make_dirs(real, "/", mode)
+    except safedir.NotReal as e:
+        raise CommdiagError(f"{path}: cannot create: {e.path} is {e.what}") from None
+    except OSError as e:
+        raise CommdiagError(f"{path}: cannot create: {e.strerror or e}") from None
+
+
+def remove_tree(folder: str | Path) -> None:
+    """Remove ``folder`` and everything in it, relative to its parent's descriptor: a link there (or
+    anywhere inside) is removed as a link, never followed.  Absent: nothing to do."""
+    folder = Path(os.path.abspath(str(folder)))
+    if not os.path.lexists(folder):
+        return  # (its parent may not exist yet either); what is there is removed below, by descriptor
+    with folder_fd(folder.parent) as dfd:
+        st = safedir.lstat_in(dfd, folder.name)
+        if st is None:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(folder.name, dir_fd=dfd)
+            return
+        shutil.rmtree(folder.name, dir_fd=dfd)
 
 
 def discard(tmp: str | None) -> None:

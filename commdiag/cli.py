@@ -97,7 +97,11 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="commdiag")
 @click.option("--debug", is_flag=True, envvar="COMMDIAG_DEBUG",
               help="Show the full traceback of an unexpected error (also COMMDIAG_DEBUG=1).")
-def main(debug: bool) -> None:
+@click.option("--allow-user-files", is_flag=True,
+              help="As root: read profiles, specs, rules, run folders and recordings that another user can "
+                   "change (refused by default: their owner would choose what root reads, installs or runs, "
+                   "and could change them while commdiag works). Install allowlists still apply.")
+def main(debug: bool, allow_user_files: bool) -> None:
     """NCCL/PCIe communication diagnostics: do NCCL settings make your model's all-reduce faster, by more
     than the noise (certified on fresh launches), and do they reach every worker.
 
@@ -110,6 +114,9 @@ def main(debug: bool) -> None:
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
     On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (gloo, 2-3 minutes)."""
+    from . import readfile
+
+    readfile.allow_others(allow_user_files)
 
 
 def _fmt_s(seconds: float | None) -> str:
@@ -686,10 +693,12 @@ def check_env_cmd(expects, profile_path, extra_vars, propagation, no_torchrun, n
 
 
 def _load_readings(path):
+    from . import readfile
+
     if path is None:
         return None
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(readfile.read_text(path, 64 << 20, what="NVML recording"))
     except (OSError, ValueError) as e:
         raise errors.CommdiagError(f"{path}: cannot read NVML recording: {e}") from None
     # a `commdiag detect --json` output is a recording too
@@ -870,8 +879,9 @@ def tuner_group() -> None:
 
 
 @tuner_group.command("build", short_help="Compile the plugin with cc; print the env lines that load it.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True,
-              help="Folder for libnccl-tuner-commdiag.so (created if missing).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for libnccl-tuner-commdiag.so (created if missing; default: the current folder, "
+                   "but as root --out is required and must be a folder no other user can change).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, path_type=Path),
               help="A rules file to check (as the plugin reads it) and name in NCCL_TUNER_CONFIG_FILE.")
 @click.option("--cc", "cc", metavar="COMPILER",

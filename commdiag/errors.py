@@ -62,6 +62,14 @@ def text_lines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def one_line(text) -> str:
+    """Text read from a file another program wrote (a run.json's verdicts, a name in it) as one inert
+    line: control characters as ``terminal_safe`` shows them, and line breaks and tabs escaped too
+    (``\\n``), so it can neither move the cursor nor print a line of its own that looks like
+    commdiag's ("installed ... verify: OK")."""
+    return terminal_safe(str(text)).replace("\n", "\\n").replace("\t", "\\t")
+
+
 def terminal_safe(text: str) -> str:
     """``text`` with every control character except newline and tab shown as ``\\xNN``:
     what a config name or a hostile interpreter's stderr may put on a terminal (OSC titles,

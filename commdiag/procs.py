@@ -251,9 +251,11 @@ class Group:
 
 
 def _open_out(target, mode: str):
-    """A Path is opened (``mode``) here and closed after the start; anything else is Popen's."""
+    """A Path is opened (``mode``) here and closed after the start; anything else is Popen's.
+    Never through a link (a launch log planted as a link to a 0600 file of root's is not truncated)."""
     if isinstance(target, (str, Path)):
-        return open(target, mode), True
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+        return os.fdopen(os.open(target, flags, 0o644), mode), True
     return target, False
 
 

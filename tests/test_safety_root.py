@@ -53,9 +53,9 @@ def test_a_value_stays_a_value_in_a_cp932_sitecustomize(tmp_path):
     marker = tmp_path / "PWNED"
     value = crafted(marker)
     py = root / "venv/bin/python"
-    cp = cli("--root", root, "--python", py, "--method", "sitecustomize", "--set", f"FOO={value}")
+    cp = cli("--root", root, "--python", py, "--method", "sitecustomize", "--set", f"NCCL_SOCKET_IFNAME={value}")
     assert cp.returncode == 0 and "verify: OK" in words(cp.stdout), cp.stdout + cp.stderr
-    seen = subprocess.run([str(py), "-c", "import os; print(ascii(os.environ.get('FOO')))"],
+    seen = subprocess.run([str(py), "-c", "import os; print(ascii(os.environ.get('NCCL_SOCKET_IFNAME')))"],
                           capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
     assert seen.stdout.strip() == ascii(value), seen.stdout + seen.stderr
     assert not marker.exists()

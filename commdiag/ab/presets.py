@@ -24,10 +24,12 @@ Which file and commit each fixture follows: tests/fixtures/ab/README.md.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 MAX_RESULT_BYTES = 64 << 20  # a result file bigger than this is not read whole: its tail is
@@ -100,7 +102,12 @@ def substitute(template: str, values: dict[str, str]) -> str:
 
 
 def _read_tail(path: str) -> str:
-    with open(path, "rb") as f:
+    # O_NONBLOCK and regular files only: a FIFO named as the metric's file never hangs the run
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size > MAX_RESULT_BYTES:
             f.seek(size - TAIL_BYTES)

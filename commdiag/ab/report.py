@@ -210,6 +210,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, run: dict |
 def is_ab_run(run_dir: str | Path) -> bool:
     """Whether RUN_DIR/run.json is an ab run (its format says so); anything unreadable is not."""
     try:
-        return json.loads(readfile.read_text(Path(run_dir) / "run.json")).get("format") == runner.RUN_FORMAT
+        return json.loads(readfile.read_text(Path(run_dir) / "run.json", what="run folder")).get("format") == runner.RUN_FORMAT
     except (OSError, ValueError, AttributeError, RecursionError):
         return False

@@ -22,7 +22,6 @@ import datetime as dt
 import os
 import random
 import re
-import shutil
 import signal
 import sys
 import time
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, metadata, procs, readfile
+from .. import __version__, atomic, metadata, procs, readfile
 from ..atomic import write_json
 from ..errors import CommdiagError, brief
 from ..formats.spec import launch_order
@@ -68,7 +67,7 @@ def load(run_dir: str | Path) -> dict:
 
     path = Path(run_dir) / "run.json"
     try:
-        run = json.loads(readfile.read_text(path))
+        run = json.loads(readfile.read_text(path, what="run folder"))
     except FileNotFoundError:
         raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag ab run folder?") from None
     except (OSError, ValueError, RecursionError) as e:
@@ -159,7 +158,8 @@ def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: P
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
         if (run_dir / "run.json").exists():
             raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        runlock.check_folder(run_dir)  # before anything is made: no folder left behind a user's link
+        atomic.make_dirs(run_dir)  # the one writer: never through a link
     else:
         run_dir = Path(resume)
     with runlock.hold(run_dir):
@@ -232,9 +232,8 @@ def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dic
     warmups, the measured run, the stop); KeyboardInterrupt propagates after every process is ended."""
     t0 = time.monotonic()
     folder = run_dir / "launches" / f"{launch['index']:04d}"
-    if folder.exists():  # left by an interrupted attempt: start clean
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    atomic.remove_tree(folder)  # left by an interrupted attempt: start clean (links inside removed, not followed)
+    atomic.make_dirs(folder)
     marker = launcher.new_marker()
     launch["marker"] = marker
     launch["started_utc"] = launcher.utc_now()

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import readfile
 from ..analyse import paired, stats
 from ..errors import SpecError, brief
 from ..formats import spec as sweepspec
@@ -117,9 +119,9 @@ def rounds_needed(claims: int) -> int:
 def load(path: str | Path, overrides=()) -> AbSpec:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = readfile.read_text(path, sweepspec.SPEC_LIMIT, what="spec")
     except OSError as e:
-        raise SpecError(path, "(file)", f"cannot read: {e.strerror}") from None
+        raise SpecError(path, "(file)", f"cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise SpecError(path, "(file)", f"not UTF-8 text (byte {e.start} cannot be decoded)") from None
     raw = sweepspec.parse_yaml(text, path)
@@ -314,7 +316,12 @@ def quick(command: list[str], configs: dict[str, str], metrics: list[str], round
         cname, sep, file = item.partition("=")
         if not sep or not cname or not file:
             raise SpecError("--config", item, "expected NAME=PROFILE_FILE (e.g. seed=reports/<run>/profile.env)")
-        raw["configs"][cname] = dict(profile.load(file).settings)
+        settings = dict(profile.load(file).settings)
+        if os.geteuid() == 0:  # as root, a profile's names and files pass install-hook's rule (install/allowlist.py)
+            from ..install import allowlist
+
+            allowlist.check(settings, system_wide=False, origin=f"ab --config {cname}={file}")
+        raw["configs"][cname] = settings
     for item in metrics:
         parts = item.split(":", 2)
         if len(parts) == 2 and parts[0] in presets.PRESETS:

@@ -58,13 +58,22 @@ class _Writer:
     """Creates paths below one directory descriptor, never following a link."""
 
     def __init__(self, dest: str):
-        try:
-            os.mkdir(dest, 0o755)
-        except FileExistsError:
-            raise CommdiagError(f"--capture-sysfs {dest}: already exists; give a new folder name") from None
-        except OSError as e:
-            raise CommdiagError(f"--capture-sysfs {dest}: cannot create it: {e.strerror}") from None
-        self.fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        from .. import atomic
+
+        dest = os.path.abspath(dest)
+        name = os.path.basename(dest)
+        if name in ("", ".", ".."):
+            raise CommdiagError(f"--capture-sysfs {dest}: give a new folder name")
+        # the folder above DEST through the one writer: reached without following a link (as root, only
+        # links nobody else can change), so DEST is made where it was named, not where a link points
+        with atomic.folder_fd(os.path.dirname(dest)) as parent:
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            except FileExistsError:
+                raise CommdiagError(f"--capture-sysfs {dest}: already exists; give a new folder name") from None
+            except OSError as e:
+                raise CommdiagError(f"--capture-sysfs {dest}: cannot create it: {e.strerror}") from None
+            self.fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
         st = os.fstat(self.fd)
         if st.st_uid != os.geteuid() or os.listdir(self.fd):
             os.close(self.fd)

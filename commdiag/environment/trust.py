@@ -12,8 +12,9 @@ as root only, commdiag looks at who can change it before starting anything:
   existing directory on its ``sys.path`` and site-packages, and each ``.pth``,
   ``sitecustomize`` and ``usercustomize`` a start reads.
 
-A path owned by a user other than root, or writable by a group or by everyone (a directory
-without the sticky bit), is a ``Finding``.  With findings ``decide`` refuses: one error naming
+A path owned by a user other than root, or writable by a group, by everyone (a directory
+without the sticky bit) or through a POSIX ACL, is a ``Finding`` (``commdiag/ownership.py``, the
+one walker).  With findings ``decide`` refuses: one error naming
 the path, its owner and ``--allow-user-owned``.  With that option (detect and doctor, which
 only read, use it always) the interpreter is started as that owner instead, its uid and gid and
 no other group (``RunAs``; ``nobody`` with the group for a root-owned, group-writable tree),
@@ -24,26 +25,18 @@ the interpreter lives, and install-hook writes only inside that prefix.
 
 from __future__ import annotations
 
-import grp
 import os
 import posixpath
 import pwd
 import shutil
-import stat
 from dataclasses import dataclass
 
+from .. import ownership, readfile
 from ..errors import CommdiagError
+from ..ownership import Finding
 
 OPTION = "--allow-user-owned"
 NOBODY = 65534  # the kernel's overflow uid/gid, "nobody"/"nogroup" on Debian, RHEL and Ubuntu
-
-
-@dataclass(frozen=True)
-class Finding:
-    path: str
-    uid: int  # the owner; root (0) when only the mode is the finding
-    gid: int
-    why: str  # "owned by uid 1000 (alice)", "writable by group 27 (sudo)", "world-writable (mode 0777)"
 
 
 @dataclass(frozen=True)
@@ -55,61 +48,7 @@ class RunAs:
     because: str  # the finding, for messages (procs.start drops to uid and gid, and no other group)
 
 
-def _name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "no such user"
-
-
-def _group(gid: int) -> str:
-    try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return "no such group"
-
-
-def _inspect(path: str, st: os.stat_result) -> Finding | None:
-    if st.st_uid != 0:
-        return Finding(path, st.st_uid, st.st_gid, f"owned by uid {st.st_uid} ({_name(st.st_uid)})")
-    if stat.S_ISLNK(st.st_mode):
-        return None  # a link's own mode means nothing; who can replace it is its directory's question
-    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
-    if st.st_mode & stat.S_IWOTH and not sticky:
-        return Finding(path, 0, st.st_gid, f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
-    if st.st_mode & stat.S_IWGRP and not sticky and st.st_gid != 0:
-        return Finding(path, 0, st.st_gid, f"writable by group {st.st_gid} ({_group(st.st_gid)})")
-    return None
-
-
-class _Walker:
-    """lstat of every component of the paths asked about, each once, links followed hop by hop."""
-
-    def __init__(self):
-        self.seen: set[str] = set()
-        self.findings: list[Finding] = []
-
-    def path(self, path: str, depth: int = 0) -> None:
-        path = posixpath.normpath(os.path.abspath(path))
-        parts = path.strip("/").split("/") if path != "/" else []
-        here = "/"
-        for i in range(len(parts) + 1):
-            here = "/" + "/".join(parts[:i])
-            if here in self.seen:
-                continue
-            self.seen.add(here)
-            try:
-                st = os.lstat(here)
-            except OSError:
-                return  # what does not exist runs nothing (and cannot be written through)
-            f = _inspect(here, st)
-            if f is not None:
-                self.findings.append(f)
-            if stat.S_ISLNK(st.st_mode) and depth < 40:
-                target = posixpath.join(posixpath.dirname(here), os.readlink(here))
-                rest = parts[i:]
-                self.path(posixpath.join(target, *rest), depth + 1)
-                return
+_Walker = ownership.Walker  # the one walker (commdiag/ownership.py)
 
 
 def _venv_cfg(exe: str) -> str | None:
@@ -118,14 +57,14 @@ def _venv_cfg(exe: str) -> str | None:
 
 
 def _home(cfg: str) -> str | None:
-    try:
-        with open(cfg, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition("=")
-                if sep and key.strip().lower() == "home":
-                    return value.strip()
+    try:  # the one reader (a FIFO planted as pyvenv.cfg never hangs root); its owner is this module's finding
+        text = readfile.read_bytes(cfg, 1 << 20, check_owner=False).decode("utf-8", "replace")
     except OSError:
-        pass
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip().lower() == "home":
+            return value.strip()
     return None
 
 
@@ -195,7 +134,9 @@ def decide(findings: list[Finding], exe: str, allow: bool) -> RunAs | None:
         except KeyError:
             gid = first.gid
     else:
-        uid, gid = NOBODY, first.gid if first.why.startswith("writable by group") else NOBODY
+        # the group that can write, never root's own (a g+w gid 0 path, an ACL grant: nobody's group)
+        group = first.why.startswith("writable by group") and "ACL" not in first.why and first.gid != 0
+        uid, gid = NOBODY, first.gid if group else NOBODY
     return RunAs(uid, gid, f"{first.path} is {first.why}")
 
 

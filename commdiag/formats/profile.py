@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..nccl import ncclvars
+from .. import readfile
 from ..atomic import write_text
 from ..errors import CommdiagError, brief
 
 PROFILE_HEADER = "# commdiag-profile"
 PROFILE_VERSION = 1
+PROFILE_LIMIT = 1 << 20  # a profile is a few lines; 1 MiB is far above any real one
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:^/+=-]*$")
 _META_KEY = re.compile(r"[A-Za-z_][\w-]*")
 # Within a line, anything sh would not read as plain text of that line: a lone CR (sh keeps it
@@ -147,9 +149,9 @@ def _expands(raw: str) -> bool:
 
 def load(path: str | Path) -> Profile:
     try:
-        text = Path(path).read_text()
+        text = readfile.read_text(path, PROFILE_LIMIT, what="profile")
     except OSError as e:
-        raise CommdiagError(f"{path}: cannot read profile: {e.strerror}") from None
+        raise CommdiagError(f"{path}: cannot read profile: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise CommdiagError(f"{path}: not a commdiag profile: byte {e.start} is not UTF-8 text") from None
     return parse(text, str(path))

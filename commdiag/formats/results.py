@@ -110,7 +110,7 @@ def save_run(run_dir: Path, run: dict) -> None:
 def load_run_json(run_dir: str | Path) -> dict:
     path = Path(run_dir) / "run.json"
     try:
-        run = json.loads(readfile.read_text(path))
+        run = json.loads(readfile.read_text(path, what="run folder"))
     except FileNotFoundError:
         raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag run folder?") from None
     except (OSError, ValueError) as e:
@@ -162,7 +162,23 @@ def _check_shape(run: dict, path: Path) -> None:
             raise bad(f"configs[{i}]", "not {name: string, env: mapping}")
         if _CONTROL.search(c["name"]):  # a spec never allows it; printed to terminals and reports
             raise bad(f"configs[{i}].name", f"{brief(c['name'])} contains control characters")
+        ov = c.get("overrides")
+        if ov is not None and (not isinstance(ov, dict) or not all(
+                isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                for k, v in ov.items())):
+            raise bad(f"configs[{i}].overrides", "not a mapping of variable names to values")
         names.add(c["name"])
+    bands = spec.get("bands")
+    if bands is not None:
+        if not isinstance(bands, dict):
+            raise bad("spec.bands", "not a mapping of band names to [low, high] token counts")
+        for name, b in bands.items():
+            if (not isinstance(b, list) or len(b) != 2 or not _int(b[0], 0)
+                    or not (b[1] is None or _int(b[1], 0))):
+                raise bad(f"spec.bands.{brief(name)}", "not [low, high] (integers; high may be null)")
+    warnings = run.get("warnings")
+    if warnings is not None and (not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings)):
+        raise bad("warnings", "not a list of strings")
     if not isinstance(launches, list):
         raise bad("launches", "not a list")
     statuses = (PENDING, *FINAL_STATUSES)
@@ -182,7 +198,7 @@ def _check_shape(run: dict, path: Path) -> None:
 
 def read_launch_result(run_dir: Path, index: int) -> dict | None:
     try:
-        return json.loads(readfile.read_text(launch_dir(run_dir, index) / "result.json"))
+        return json.loads(readfile.read_text(launch_dir(run_dir, index) / "result.json", what="run folder"))
     except (OSError, ValueError):
         return None
 
@@ -258,7 +274,7 @@ def _read_results(run_dir: Path, run: dict) -> tuple[list[tuple[dict, dict]], li
             continue
         path = launch_dir(run_dir, launch["index"]) / "result.json"
         try:
-            result = json.loads(readfile.read_text(path))
+            result = json.loads(readfile.read_text(path, what="run folder"))
         except FileNotFoundError:
             continue  # a crashed or timed-out launch writes none; its status says so
         except (OSError, ValueError) as e:
@@ -383,10 +399,14 @@ _NEEDED_SUMMARY = ["config", "size_bytes", "tokens", "mode", "via", "median_us"]
 
 def _read_table(path: Path, columns: list[str]):
     """A stored CSV (gzip by extension), checked for the columns every reader needs."""
+    import io
+
     import pandas as pd
 
-    try:
-        df = pd.read_csv(path, dtype={"tokens": "Int64"})
+    try:  # the one reader first: a FIFO or device planted as samples.csv is refused, not waited on
+        data = readfile.read_bytes(path, what="run folder")
+        df = pd.read_csv(io.BytesIO(data), dtype={"tokens": "Int64"},
+                         compression="gzip" if str(path).endswith(".gz") else None)
     except Exception as e:  # pandas raises many types for a damaged CSV (ParserError, EOFError, BadGzipFile, ...)
         raise CommdiagError(f"{path}: cannot read ({e.__class__.__name__}: {str(e)[:160]})") from None
     if "via" not in df.columns and "mode" in df.columns:  # version 1 folders: everything went through torch

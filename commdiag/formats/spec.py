@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from .. import readfile
 from ..nccl import ncclvars
 from ..measure.collectives import DTYPE_BYTES
 from ..errors import SpecError, brief, terminal_safe
@@ -195,13 +196,16 @@ class Spec:
         return cls(**d)
 
 
+SPEC_LIMIT = 4 << 20  # a spec is a page of YAML; 4 MiB leaves room for generated grids, not for /dev/zero
+
+
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
     """Read ``path``, apply ``--set KEY=VALUE`` overrides, validate and resolve."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = readfile.read_text(path, SPEC_LIMIT, what="spec")
     except OSError as e:
-        raise SpecError(path, "(file)", f"cannot read: {e.strerror}") from None
+        raise SpecError(path, "(file)", f"cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise SpecError(path, "(file)", f"not UTF-8 text (byte {e.start} cannot be decoded); "
                                         "save the spec as UTF-8") from None

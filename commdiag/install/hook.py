@@ -37,12 +37,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import __version__
-from . import hookplan, hookstate, hooktext, hooktuner, systemd
+from .. import __version__, readfile
+from . import allowlist, hookplan, hookstate, hooktext, hooktuner, systemd
 from ..nccl import ncclvars
 from ..formats import profile as profile_mod
 from ..environment import trust
-from ..errors import CommdiagError
+from ..errors import CommdiagError, one_line
 from .hookcheck import Verification, probe_target, render_status, status, verify_python  # noqa: F401 (the API)
 from .hookplan import BLOCK, OWNED, Desired, Plan, Target
 from .hookstate import Roots
@@ -63,11 +63,11 @@ class Settings:
 def _no_winner_reason(run_dir: Path) -> str:
     """Why a run folder has no profile.env, from what the run folder says."""
     try:
-        run = json.loads((run_dir / "run.json").read_text())
+        run = json.loads(readfile.read_text(run_dir / "run.json", what="run folder"))
     except (OSError, ValueError):
         return f"{run_dir} has no profile.env and no readable run.json (is it a commdiag run folder?)"
     verdict = run.get("verdicts", run.get("verdict"))
-    bands = sorted(p.name for p in run_dir.glob("profile-*.env"))
+    bands = sorted(one_line(p.name) for p in run_dir.glob("profile-*.env"))  # names another user chose
     why = "the sweep certified no winner (keep NCCL's defaults)"
     if not run.get("confirmation"):  # no stage 2: screening alone never makes a profile
         why = (f"the run has no confirmation (stage 2), and screening alone never makes a profile: "
@@ -75,9 +75,9 @@ def _no_winner_reason(run_dir: Path) -> str:
     if isinstance(verdict, dict):
         parts = [f"{k}: {v}" for k, v in verdict.items() if isinstance(v, (str, int, float)) or v is None]
         if parts:
-            why = "run.json verdicts: " + "; ".join(parts)
+            why = "run.json verdicts: " + one_line("; ".join(parts))  # the file's text: one inert line
     elif isinstance(verdict, (str, list)):
-        why = f"run.json verdicts: {verdict}"
+        why = f"run.json verdicts: {one_line(verdict)}"
     if bands:
         why += ("; per-band winners exist (" + ", ".join(bands) + ") but no single profile helps every band: "
                 f"choose one with --profile {run_dir / bands[0]}")
@@ -100,7 +100,7 @@ def resolve_settings(from_dir: str | None = None, profile: str | None = None, se
     if from_dir is not None:
         run_dir = Path(from_dir)
         path = run_dir / "profile.env"
-        if path.is_file():
+        if os.path.lexists(path):  # a FIFO or a link there is the reader's to refuse, not "no winner"
             values.update(profile_mod.load(path).settings)
             sources.append(str(path))
         else:
@@ -275,7 +275,8 @@ def python_target(hooks, requested: str, settings: Settings, *, override: bool, 
 def _check_compiles(path: str, shown: str) -> None:
     """A block appended to a sitecustomize that does not compile would never run: refuse first."""
     try:
-        source = Path(path).read_bytes()
+        # the one reader: a FIFO planted as sitecustomize.py never hangs root (trust.py judged its owner)
+        source = readfile.read_bytes(path, 16 << 20, check_owner=False)
     except OSError:
         return  # absent or unreadable: the plan reports it
     try:
@@ -339,6 +340,7 @@ class InstallResult:
     diff: str  # the plan rendered: new files' content, diffs of edited ones
     verification: tuple[Verification, ...] = ()
     warnings: tuple[str, ...] = ()
+    named_files: tuple[str, ...] = ()  # settings whose value names a file NCCL loads, reads or writes (shown first)
 
     @property
     def ok(self) -> bool:
@@ -351,7 +353,7 @@ class InstallResult:
                              "after": c.after.kind, "sha256": c.after.sha256} for c in self.plan.changes],
                 "mkdirs": list(self.plan.mkdirs), "rmdirs": list(self.plan.rmdirs),
                 "notes": list(self.plan.notes), "warnings": list(self.warnings) + list(self.plan.warnings),
-                "refused": list(self.plan.refused),
+                "refused": list(self.plan.refused), "named_files": list(self.named_files),
                 "commands": list(self.plan.commands),
                 "verification": [{"ok": v.ok, "detail": v.detail, "seen": v.seen} for v in self.verification]}
 
@@ -486,11 +488,15 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
     roots = Roots(req.root)
     if req.method not in METHODS:
         raise CommdiagError(f"--method: {req.method!r} is not one of {', '.join(METHODS)}")
+    # the one install rule (allowlist.py): names NCCL reads, files root owns, no dump files system-wide
+    allowlist.check(req.settings.values, system_wide=bool(req.systemd_unit) or req.nccl_conf == "system",
+                    root=req.root, own=req.tuner.env() if req.tuner is not None else None)
+    files = tuple(allowlist.named_files(req.settings.values))
     hooks = probe_target(req.python, allow_user_owned=req.allow_user_owned) if req.method != "none" else None
     sdir = hookstate.state_dir(roots)
     if dry_run:
         targets, plan = _plan(req, roots, hooks, sdir)
-        return InstallResult(plan, True, sdir, render_plan(plan), warnings=req.settings.warnings)
+        return InstallResult(plan, True, sdir, render_plan(plan), warnings=req.settings.warnings, named_files=files)
     with hookstate.locked(sdir, roots) as state_created:
         committed = Plan("install", (), (), (), (), ())  # on any error: no record (apply rolled back)
         try:
@@ -509,7 +515,7 @@ def install(req: Request, *, dry_run: bool = False, verify: bool = True) -> Inst
         else:
             checks.append(verify_python(hooks.executable, req.settings.values, override=req.override,
                                         run_as=hooks.run_as))
-    return InstallResult(plan, False, sdir, render_plan(plan), tuple(checks), req.settings.warnings)
+    return InstallResult(plan, False, sdir, render_plan(plan), tuple(checks), req.settings.warnings, files)
 
 
 def _with_dir_ids(plan: Plan, ids: dict[str, list[int]]) -> Plan:
@@ -597,6 +603,7 @@ def render_install(res: InstallResult) -> str:
     head = {("install", True): "plan (dry run: nothing changed)", ("install", False): "installed",
             ("uninstall", True): "uninstall plan (dry run: nothing changed)", ("uninstall", False): "uninstalled"}
     lines = [f"{head[(res.plan.action, res.dry_run)]}; manifest: {res.state_dir}"]
+    lines += [f"  names a file: {f}" for f in res.named_files]  # first: what every NCCL process will open
     lines += [f"  why: {n}" for n in res.plan.notes]
     lines += [f"  warning: {w}" for w in (*res.warnings, *res.plan.warnings)]
     for w in res.plan.refused:  # wrapped at 100 columns, word by word (a path is never split)

@@ -49,7 +49,7 @@ import stat
 from dataclasses import dataclass
 
 from ..errors import CommdiagError, brief
-from . import safedir
+from .. import safedir
 from .hookplan import ABSENT, BLOCKED, DIR, DIR_MODE, FILE, OTHER, SYMLINK, FileState, Plan
 
 MANIFEST_FORMAT = "commdiag-hook-manifest"

@@ -27,6 +27,7 @@ import re
 import sys
 from pathlib import Path
 
+from .. import readfile
 from ..errors import CommdiagError, brief
 
 HOOK_MODULE = "commdiag_nccl_hook"  # the pth method's module, in the target's site-packages
@@ -229,8 +230,9 @@ def installed_settings(sys_path=None) -> dict[str, str]:
     """
     for entry in (_default_path() if sys_path is None else sys_path):
         for name in (HOOK_MODULE + ".py", "sitecustomize.py"):
-            try:
-                text = Path(entry or ".", name).read_text(errors="replace")
+            try:  # the one reader: a FIFO or device named like the hook is skipped, never waited on
+                text = readfile.read_bytes(Path(entry or ".", name), 1 << 20, check_owner=False).decode(
+                    "utf-8", "replace")  # only compared against, never run: no owner check (never raise)
             except OSError:
                 continue
             found = settings_in(text)

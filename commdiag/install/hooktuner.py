@@ -19,15 +19,14 @@ the manifest are hookplan's and hookstate's: these are files of one more install
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import posixpath
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import readfile
 from ..errors import CommdiagError, brief
 from ..tuner.build import LIBRARY_NAME
 from .hookplan import OWNED, Desired, Target
@@ -99,41 +98,22 @@ def read_rules(path: str | Path) -> tuple[bytes, int, str]:
         except UnicodeEncodeError:
             raise CommdiagError(f"{label}: not ASCII; the plugin would refuse it") from None
         return data, len(rules.parse_bytes(data, label)), str(p)
-    # Read once, then parse those bytes: what is checked is exactly what is copied.  O_NONBLOCK so
-    # that a FIFO cannot hang the install; anything but a regular file is refused as the plugin does.
+    # Read once (the one reader: a regular file, never a FIFO's wait; as root, nobody else's), then
+    # parse those bytes: what is checked is exactly what is copied.
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = readfile.read_bytes(p, rules.MAX_FILE_BYTES + 1, what="rules file")
     except OSError as e:
-        raise rules.RulesError(str(p), 0, f"cannot open: {e.strerror or e}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise rules.RulesError(str(p), 0, "not a regular file")
-        chunks, size = [], 0
-        while size <= rules.MAX_FILE_BYTES:
-            chunk = os.read(fd, rules.MAX_FILE_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as e:
-        if e.errno == errno.EISDIR:
-            raise rules.RulesError(str(p), 0, "not a regular file") from None
-        raise rules.RulesError(str(p), 0, f"cannot read: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
+        raise rules.RulesError(str(p), 0, rules.read_error(e)) from None
     return data, len(rules.parse_bytes(data, str(p))), str(p.resolve())
 
 
 def compile_library(cc: str | None = None) -> tuple[bytes, str]:
     """The plugin compiled here, into a temporary folder (nothing installed is touched): bytes,
     compiler (``cc``: ``--cc``; otherwise build.find_compiler's choice, a fixed one as root)."""
-    from .. import procs
     from ..tuner import build
 
-    with procs.private_folder("commdiag-tuner-") as tmp:  # as root: never under a TMPDIR of another user
-        res = build.build_result(tmp, cc=cc)
-        return res.library.read_bytes(), res.compiler
+    data, compiler, _ = build.compile_bytes(cc=cc)
+    return data, " ".join(compiler)
 
 
 def prepare(path: str | Path, state_dir_shown: str, cc: str | None = None) -> TunerFiles:

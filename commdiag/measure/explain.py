@@ -27,11 +27,10 @@ lines; docs/tuner.md 'Proof')::
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 from collections import Counter
 from pathlib import Path
 
-from .. import procs
+from .. import atomic, procs
 from . import launcher, runlock
 from ..nccl import ncclog, transports, tunerlog
 from ..formats import results
@@ -164,6 +163,8 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
     import os
 
     run_dir = Path(run_dir)
+    # as root, launches are written only into a run folder no other user can change (as sweep's are)
+    runlock.check_folder(run_dir, ("launches", "explain"))
     with runlock.hold(run_dir):
         run = results.load_run_json(run_dir)
         spec = Spec.from_json(run["spec"])
@@ -177,9 +178,8 @@ def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
         root = run_dir / "explain"
         for n, config in enumerate(run["configs"]):
             folder = root / f"{n:04d}"
-            if folder.exists():
-                shutil.rmtree(folder)
-            folder.mkdir(parents=True)
+            atomic.remove_tree(folder)  # the one writer: a link planted there is removed, never followed
+            atomic.make_dirs(folder)
             debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
                      "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")}
             plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0,

@@ -67,7 +67,11 @@ def run_nodes(*, run_dir: Path, backend: str = "gloo", nbytes: int = DEFAULT_BYT
     planned = rounds or nodeverdict.rounds_needed(n, pairs)
     if (run_dir / "nodes.json").exists():
         raise CommdiagError(f"{run_dir}: already holds a nodes run; choose another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from ..atomic import make_dirs
+    from .runlock import check_folder
+
+    check_folder(run_dir)  # as root: before anything is made, no folder behind another user's link
+    make_dirs(run_dir)  # the one writer: never through a link
     seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
     record = {"format": NODES_FORMAT, "version": NODES_VERSION,
@@ -99,11 +103,11 @@ def run_nodes(*, run_dir: Path, backend: str = "gloo", nbytes: int = DEFAULT_BYT
 
 
 def _one_round(run_dir, r, alloc, ordered_pairs, order, backend, nbytes, warmup, iters, deadline_s, env) -> dict:
-    from ..atomic import write_json
+    from ..atomic import make_dirs, write_json
     from ..childpython import module_argv
 
     folder = run_dir / "launches" / f"{r:04d}"
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dirs(folder)
     plan = {"backend": backend, "bytes": nbytes, "warmup": warmup, "iters": iters,
             "pairs": [list(p) for p in ordered_pairs], "out_dir": str(folder.resolve())}
     write_json(folder / "plan.json", plan)

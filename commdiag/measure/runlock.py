@@ -80,7 +80,7 @@ def hold(run_dir: str | Path):
         os.close(fd)
 
 
-def check_folder(run_dir: Path) -> None:
+def check_folder(run_dir: Path, inside: tuple[str, ...] = ("launches",)) -> None:
     """As root, refuse a run folder another user can change: every launch is written below it
     (``launches/NNNN/``, a leftover one removed first), so a ``launches`` link planted by the folder's
     owner, or the folder swapped for a link by whoever can write its parent, would have root remove
@@ -88,13 +88,10 @@ def check_folder(run_dir: Path) -> None:
     by hop, must be root's and not writable by a group or by everyone (a sticky /tmp is fine)."""
     if os.geteuid() != 0:
         return  # a user's run folder is theirs to point anywhere they can write themselves
-    from ..environment import trust
+    from .. import ownership
 
-    walker = trust._Walker()
-    for p in (run_dir, run_dir / "launches"):
-        walker.path(str(p))
-    if walker.findings:
-        f = walker.findings[0]
+    f = ownership.first_finding(str(run_dir), *(str(Path(run_dir) / name) for name in inside))
+    if f is not None:
         raise CommdiagError(f"{run_dir}: as root, commdiag writes a run's launches only into a folder no other "
                             f"user can change, and {f.path} is {f.why}; give a run folder root owns (or run "
                             "commdiag as that user)")

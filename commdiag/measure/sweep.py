@@ -25,13 +25,12 @@ import importlib.machinery
 import importlib.util
 import os
 import random
-import shutil
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, linewrap, metadata, procs
+from .. import __version__, atomic, linewrap, metadata, procs
 from ..analyse import certify, paired, racing, screening, stats, verdict
 from ..analyse.stats import LESS, TWO_SIDED
 from . import eta, launcher, machinestate, runlock, serverpool, slurm
@@ -362,7 +361,8 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
         if (run_dir / "run.json").exists():
             raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        runlock.check_folder(run_dir)  # before anything is made: no folder left behind a user's link
+        atomic.make_dirs(run_dir)  # the one writer: never through a link
         with runlock.hold(run_dir):  # checked again under the lock: two sweeps may race for one --out
             if (run_dir / "run.json").exists():
                 raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
@@ -868,9 +868,8 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
     folders = []
     for launch in batch:
         folder = results.launch_dir(run_dir, launch["index"])
-        if folder.exists():  # left by an interrupted attempt: start clean
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+        atomic.remove_tree(folder)  # left by an interrupted attempt: start clean (links inside removed, not followed)
+        atomic.make_dirs(folder)
         folders.append(folder)
     first, folder = batch[0], folders[0]
     config = configs[first["config"]]

@@ -19,6 +19,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .. import readfile
 from ..errors import CommdiagError, brief
 
 P2P_FORMAT = "commdiag-p2p"
@@ -239,7 +240,35 @@ def _known(cls, d: dict) -> dict:
     return {k: v for k, v in d.items() if k in names}
 
 
-def _build(cls, d: dict):
+_SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,)}
+
+
+def _check(cls, d, where: str) -> None:
+    """A saved record's scalar fields have their declared type (``gpus[0].replays_before``: an integer
+    or null): a damaged or hand-edited file is one error naming the field, not a TypeError later."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: not a mapping")
+    hints = {f.name: f.type for f in fields(cls)}
+    for name, value in _known(cls, d).items():
+        base, _, none = hints[name].partition(" | ")
+        if base not in _SCALARS or (value is None and none == "None"):
+            continue
+        ok = isinstance(value, _SCALARS[base]) and (base == "bool" or not isinstance(value, bool))
+        if not ok or (base == "float" and value != value):  # NaN never comes from a measurement
+            allowed = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+                       "dict": "a mapping"}[base] + (" or null" if none == "None" else "")
+            raise ValueError(f"{where + '.' if where else ''}{name}: {brief(value)} is not {allowed}")
+
+
+def _list(data: dict, key: str) -> list:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise ValueError(f"{key}: {brief(value)} is not a list")
+    return value
+
+
+def _build(cls, d: dict, where: str = ""):
+    _check(cls, d, where or cls.__name__)
     kw = _known(cls, d)
     hints = {f.name: f.type for f in fields(cls)}
     for name, value in list(kw.items()):
@@ -261,21 +290,28 @@ def from_json(data: dict, source: str = "result") -> P2PResult:
         raise CommdiagError(f"{source}: version: {brief(version)} is not one this commdiag reads "
                             f"(allowed: 1 to {P2P_FORMAT_VERSION}; a newer file needs a newer commdiag)")
     try:
+        _check(P2PResult, data, "")
+        flags = _list(data, "flags")
+        for i, f in enumerate(flags):
+            _check(Flag, f, f"flags[{i}]")
+        _check(Settings, data.get("settings") or {}, "settings")
         return P2PResult(
-            gpus=tuple(_build(Gpu, g) for g in data.get("gpus", [])),
-            pairs=tuple(_build(Pair, p) for p in data.get("pairs", [])),
-            flags=tuple(Flag(**_known(Flag, f)) for f in data.get("flags", [])),
-            notes=tuple(str(n) for n in data.get("notes", [])),
+            gpus=tuple(_build(Gpu, g, f"gpus[{i}]") for i, g in enumerate(_list(data, "gpus"))),
+            pairs=tuple(_build(Pair, p, f"pairs[{i}]") for i, p in enumerate(_list(data, "pairs"))),
+            flags=tuple(Flag(**_known(Flag, f)) for f in flags),
+            notes=tuple(str(n) for n in _list(data, "notes")),
             settings=Settings(**_known(Settings, data.get("settings") or {})),
             environment=dict(data.get("environment") or {}),
             wall_s=data.get("wall_s"))
-    except (KeyError, TypeError, ValueError) as e:
+    except ValueError as e:
+        raise CommdiagError(f"{source}: {e}; not a valid {P2P_FORMAT} v{version} result") from None
+    except (KeyError, TypeError) as e:
         raise CommdiagError(f"{source}: not a valid {P2P_FORMAT} v{version} result: {brief(str(e))}") from None
 
 
 def load(path: str | Path) -> P2PResult:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(readfile.read_text(path, 64 << 20, what="p2p result"))
     except (OSError, ValueError) as e:
         raise CommdiagError(f"{path}: cannot read a p2p result: {e}") from None
     return from_json(data, str(path))

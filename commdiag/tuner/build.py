@@ -3,8 +3,12 @@
 Owns: compiling ``commdiag_tuner.c`` (shipped as package data beside this file) into
 ``OUT_DIR/libnccl-tuner-commdiag.so`` and checking that the result exports the tuner symbols
 NCCL looks for.  Writes that one file, atomically (a temporary file in OUT_DIR, renamed over
-the target): a process that already has the old library loaded keeps its mapping intact,
-where writing in place would change code under a running NCCL.
+the target, through the one writer, atomic.py): a process that already has the old library loaded
+keeps its mapping intact, where writing in place would change code under a running NCCL.  The
+compiler writes into a private 0700 folder; the result is opened once and checked (dlopen), read
+and copied through that one descriptor, so nobody can put another library in its place between the
+link and the load (as root, a folder another user can change is refused for --out, and the default
+--out, the current folder, is refused).
 
 Which compiler: ``--cc`` when given; otherwise, as root, ``cc`` found on the fixed
 ``SAFE_PATH`` and run with an environment of only that PATH (under ``sudo -E``, ``$CC``,
@@ -15,10 +19,12 @@ No ``CFLAGS`` are read from the environment: the flags are ``CFLAGS`` below.
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import os
 import shlex
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,33 +103,67 @@ def check_plugin_path(path: str, hint: str) -> None:
                             f"load a truncated NCCL_TUNER_PLUGIN ({hint})")
 
 
-def build(out_dir: str | Path = ".", werror: bool = False, cc: str | None = None) -> Path:
+def build(out_dir: str | Path | None = None, werror: bool = False, cc: str | None = None) -> Path:
     """Compile the plugin into ``out_dir`` (created if missing); returns the library's absolute path."""
     return build_result(out_dir, werror, cc).library
 
 
-def build_result(out_dir: str | Path = ".", werror: bool = False, cc: str | None = None) -> BuildResult:
-    from ..atomic import check_target, discard
+def default_out() -> Path:
+    """``tuner build``'s folder without ``--out``: the current one, but never as root (a folder root
+    happens to be in is no place to leave a library every NCCL process may load)."""
+    if _as_root():
+        raise CommdiagError("as root, give --out DIR (a folder root owns) for the library: commdiag does not "
+                            "build into the current folder as root")
+    return Path(".")
 
-    compiler = find_compiler(cc)
-    out_dir = Path(out_dir).expanduser().resolve()
+
+def build_result(out_dir: str | Path | None = None, werror: bool = False, cc: str | None = None) -> BuildResult:
+    """Compile (``compile_bytes``) and write the library into ``out_dir`` through the one writer:
+    the folder made without following links, and, as root, one no other user can change (the library
+    is loaded into every NCCL process that names it)."""
+    from .. import atomic, ownership
+
+    out_dir = Path(os.path.abspath(Path(out_dir if out_dir is not None else default_out()).expanduser()))
     target = out_dir / LIBRARY_NAME
     check_plugin_path(str(target), "choose a shorter --out")
+    if _as_root():  # before anything is made there: a user's folder, or a link she controls, is refused
+        found = ownership.first_finding(str(target))
+        if found is not None:
+            raise CommdiagError(f"{out_dir}: as root, commdiag builds the tuner library only into a folder no "
+                                f"other user can change, and {found.path} is {found.why}; every NCCL process "
+                                "naming the library would load what that user puts there. Give --out DIR "
+                                "root owns")
+    data, compiler, symbols = compile_bytes(werror, cc)
+    atomic.make_dirs(out_dir)
+    atomic.check_target(target)  # refuses a symlink, a device, a directory where the library goes
+    atomic.write_bytes(target, data, mode=0o755)
+    return BuildResult(Path(atomic.real_path(str(target))), " ".join(compiler), symbols)
+
+
+def _private_folder() -> str:
+    """A new 0700 folder for the compiler's output (and its working folder), where procs keeps
+    scratch folders: as root never under a TMPDIR another user can change (she could swap the folder
+    between link and load)."""
+    return tempfile.mkdtemp(prefix="commdiag-tuner-", dir=procs.scratch_root())
+
+
+def compile_bytes(werror: bool = False, cc: str | None = None) -> tuple[bytes, list[str], tuple[str, ...]]:
+    """The plugin compiled in a private folder: (bytes, compiler argv, exported symbols).
+
+    The compiler's output is opened once, without following a link, and everything after that is done
+    on that descriptor: the symbol check dlopens ``/proc/self/fd/N`` (the very file opened, not a path
+    someone could rename another library over between link and load), and the bytes returned are read
+    from it.  Nothing is chmod-ed by path; the writer gives the installed copy its mode."""
+    compiler = find_compiler(cc)
     for f in (SOURCE, HEADER):
         if not f.is_file():
             raise CommdiagError(f"{f}: missing from the commdiag package (reinstall commdiag)")
+    folder = _private_folder()
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CommdiagError(f"{out_dir}: cannot create: {e.strerror or e}") from None
-    check_target(target)  # refuses a symlink, a device, a directory where the library goes
-
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{LIBRARY_NAME}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        argv = [*compiler, *CFLAGS, *(("-Werror",) if werror else ()), "-o", tmp, str(SOURCE)]
+        out = os.path.join(folder, LIBRARY_NAME)
+        argv = [*compiler, *CFLAGS, *(("-Werror",) if werror else ()), "-o", out, str(SOURCE)]
         try:  # procs: the compiler's whole group (cc1, as, ld) ends at the deadline, not cc alone
-            proc = procs.run(argv, env=compiler_env(), cwd="/", deadline_s=COMPILE_TIMEOUT_S)
+            proc = procs.run(argv, env=compiler_env(), cwd=folder, deadline_s=COMPILE_TIMEOUT_S)
         except OSError as e:
             raise CommdiagError(f"{compiler[0]}: cannot run: {e.strerror or e}") from None
         if proc.timed_out:
@@ -131,17 +171,23 @@ def build_result(out_dir: str | Path = ".", werror: bool = False, cc: str | None
         if proc.exit_code != 0:
             detail = terminal_safe((proc.stderr or proc.stdout).decode(errors="replace").strip())[-2000:]
             raise CommdiagError(f"{compiler[0]} failed (exit {proc.exit_code}) compiling {SOURCE}:\n{detail}")
-        os.chmod(tmp, 0o755)
-        symbols = exported_symbols(Path(tmp))
-        missing = [s for s in SYMBOLS if s not in symbols]
-        if missing:
-            raise CommdiagError(f"{tmp}: built, but does not export {', '.join(missing)}")
-        check_target(target)
-        os.replace(tmp, target)
-        tmp = None
+        try:
+            fd = os.open(out, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise CommdiagError(f"{out}: the compiler left no library: {e.strerror or e}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CommdiagError(f"{out}: the compiler's output is not a regular file")
+            symbols = exported_symbols(Path(f"/proc/self/fd/{fd}"))
+            missing = [s for s in SYMBOLS if s not in symbols]
+            if missing:
+                raise CommdiagError(f"{out}: built, but does not export {', '.join(missing)}")
+            data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+        finally:
+            os.close(fd)
     finally:
-        discard(tmp)
-    return BuildResult(target, " ".join(compiler), symbols)
+        shutil.rmtree(folder, ignore_errors=True)
+    return data, compiler, symbols
 
 
 def exported_symbols(library: Path) -> tuple[str, ...]:
@@ -151,12 +197,17 @@ def exported_symbols(library: Path) -> tuple[str, ...]:
     except OSError as e:
         raise CommdiagError(f"{library}: does not load: {e}") from None
     found = []
-    for name in SYMBOLS:
-        try:
-            ctypes.c_void_p.in_dll(lib, name)
-            found.append(name)
-        except ValueError:
-            pass
+    try:
+        for name in SYMBOLS:
+            try:
+                ctypes.c_void_p.in_dll(lib, name)
+                found.append(name)
+            except ValueError:
+                pass
+    finally:
+        # unloaded again: the loader knows a library by the name it was opened with, and the next
+        # check's /proc/self/fd/N may be the same name for another file
+        _ctypes.dlclose(lib._handle)
     return tuple(found)
 
 

@@ -18,10 +18,12 @@ is left to NCCL, channels included.
 
 from __future__ import annotations
 
+import errno
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import readfile
 from ..errors import CommdiagError
 
 # Format history (the version is the number after the header; the plugin refuses any other):
@@ -169,16 +171,19 @@ def parse_bytes(data: bytes, path: str = "<rules>") -> list[Rule]:
     return rules
 
 
+def read_error(e: OSError) -> str:
+    """What readfile's refusal or an OSError means for a rules file, worded as the plugin words it."""
+    if isinstance(e, readfile.Refused):
+        return f"larger than {MAX_FILE_BYTES} bytes" if e.errno == errno.EFBIG else str(e)
+    return f"cannot open: {e.strerror or e}"
+
+
 def load(path: str | Path) -> list[Rule]:
     """The rules in the file at ``path`` (a regular file, at most 1 MiB)."""
-    p = Path(path)
     try:
-        if not p.is_file():
-            raise RulesError(path, 0, "not a regular file" if p.exists() else "cannot open: No such file or directory")
-        with open(p, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        data = readfile.read_bytes(path, MAX_FILE_BYTES + 1, what="rules file")
     except OSError as e:
-        raise RulesError(path, 0, f"cannot open: {e.strerror or e}") from None
+        raise RulesError(path, 0, read_error(e)) from None
     return parse_bytes(data, str(path))
 
 
