@@ -30,6 +30,15 @@ each stream kept; a process that keeps a pipe open past the deadline is killed, 
 Also here: ``free_port`` (the one loopback port picker), ``take_back_sigint`` (Ctrl-C works even when
 commdiag was started with SIGINT ignored), and ``private_folder`` (where a child's scratch files go:
 as root never under a ``$TMPDIR`` another user can change).
+
+The API, stable (measure/serverpool.py and forkserver.py start through it too):
+``start(argv, env=, cwd=, marker=, stdin=, stdout=, stderr=, append=, pass_fds=, run_as=, parent_death=)``
+-> ``Group`` (``pid``, ``marker``, ``started``, ``poll()``, ``wait(timeout)``, ``signal_group(sig)``,
+``stop(ladder, sweep=)`` -> ``Stopped``, ``close()``); ``finish(group, deadline_s=, ...)`` and
+``run(argv, ..., deadline_s=)`` -> ``Finished``; markers: ``MARKER``, ``new_marker``, ``carries_marker``,
+``marked_pids``, ``kill_marked(marker, wait_s)``, ``signal_leader(pid, sig, marker)``; and
+``free_port``, ``take_back_sigint``, ``scratch_root``, ``private_folder``, ``KILL_GRACE_S``, ``OUTPUT_CAP``,
+``PIPE``/``DEVNULL``/``STDOUT``.
 """
 
 from __future__ import annotations

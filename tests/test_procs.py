@@ -211,10 +211,9 @@ def test_doctor_probes_the_nccl_libraries_as_the_owner_trust_picked(throwaway_us
         shutil.rmtree(d)
 
 
-@AS_ROOT
-def test_as_root_private_folders_never_go_under_a_tmpdir_another_user_can_change(throwaway_user, fake_torchrun,
-                                                                                 tmp_path, monkeypatch):
-    # issue 30 item 11: sudo -E with her world-writable TMPDIR: she could swap root's folder
+@pytest.fixture
+def their_tmpdir(tmp_path, throwaway_user, monkeypatch):
+    """TMPDIR (sudo -E) is a world-writable folder of another user's: she could swap root's folder."""
     theirs = Path(tempfile.mkdtemp(prefix="commdiag-theirs-", dir="/tmp"))
     try:
         os.chown(theirs, throwaway_user.pw_uid, throwaway_user.pw_gid)
@@ -222,6 +221,31 @@ def test_as_root_private_folders_never_go_under_a_tmpdir_another_user_can_change
         monkeypatch.setenv("TMPDIR", str(theirs))
         monkeypatch.setattr(tempfile, "tempdir", None)
         assert tempfile.gettempdir() == str(theirs)
+        yield theirs
+        assert not list(theirs.iterdir()), "root wrote into her TMPDIR"
+    finally:
+        shutil.rmtree(theirs)
+
+
+@AS_ROOT
+def test_as_root_propagation_keeps_its_folders_out_of_a_tmpdir_another_user_can_change(their_tmpdir, monkeypatch):
+    # issue 30 item 11: propagation's private folder (its scripts, the children's working folder) and
+    # multiprocessing's forkserver socket folder; the fixture asserts her TMPDIR stays empty
+    import multiprocessing
+
+    from commdiag.environment import propagation
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["forkserver"])  # the one with a folder
+    r = propagation.check_propagation({}, torchrun=False)
+    assert [p.path for p in r.paths if p.error] == ["multiprocessing fork", "multiprocessing spawn"]
+
+
+@AS_ROOT
+def test_as_root_private_folders_never_go_under_a_tmpdir_another_user_can_change(their_tmpdir, fake_torchrun,
+                                                                                 tmp_path, monkeypatch):
+    # issue 30 item 11: check-env --nccl's worker, install-hook's verification script, the tuner's build
+    theirs = their_tmpdir
+    try:
         assert procs.scratch_root() == "/tmp"
         # check-env --nccl's worker script and working folder
         from commdiag.environment import envcheck
@@ -231,11 +255,6 @@ def test_as_root_private_folders_never_go_under_a_tmpdir_another_user_can_change
             envcheck.check_nccl({}, nproc=1)
         seen = json.loads(fake_torchrun.read_text())
         assert Path(seen["cwd"]).parent == Path("/tmp") and seen["argv"][-2].startswith(seen["cwd"] + "/")
-        # propagation's scripts
-        from commdiag.environment import propagation
-
-        r = propagation.check_propagation({}, torchrun=False)
-        assert all(p.error is None for p in r.paths), [(p.path, p.error) for p in r.paths]
         # install-hook's verification script
         from commdiag.install import hookcheck
 
@@ -254,9 +273,8 @@ def test_as_root_private_folders_never_go_under_a_tmpdir_another_user_can_change
         with pytest.raises(ZeroDivisionError):
             hooktuner.compile_library()
         assert Path(built_in[0]).parent == Path("/tmp")
-        assert not list(theirs.iterdir()), "root wrote into her TMPDIR"
     finally:
-        shutil.rmtree(theirs)
+        assert not list(theirs.iterdir()), "root wrote into her TMPDIR"
 
 
 # --------------------------------------------------------------------------- explain RUN
@@ -315,3 +333,14 @@ def test_as_root_explain_takes_no_loader_variable_from_run_json(fake_torchrun, t
     with pytest.raises(CommdiagError, match="config 'evil' sets LD_PRELOAD"):
         explain.run_explain(run_dir)
     assert not fake_torchrun.exists()  # nothing started
+
+
+def test_signal_leader_reaches_only_a_process_that_still_carries_the_marker(tmp_path):
+    g = procs.start(["sleep", "30"], env=dict(os.environ), cwd=tmp_path, parent_death=None)
+    try:
+        assert not procs.signal_leader(g.pid, signal.SIGKILL, procs.new_marker())  # another launch's pid
+        assert g.wait(0.2) is None
+        assert procs.signal_leader(g.pid, signal.SIGKILL, g.marker)
+        assert g.wait(5) == -signal.SIGKILL
+    finally:
+        g.stop(())

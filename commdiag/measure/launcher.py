@@ -19,8 +19,8 @@ from pathlib import Path
 
 from .. import PACKAGE_PARENT, procs
 from ..childpython import module_argv
-# The marker and the ladder live in procs; these names stay importable from here for the launch
-# servers (measure/serverpool.py) until they start their processes through procs too.
+# The marker and the ladder live in procs; the launch paths (sweep, ab, slurm) take the marker names
+# from here, beside the launch environment they go into.
 from ..procs import KILL_GRACE_S, MARKER, carries_marker, kill_marked, marked_pids, new_marker  # noqa: F401
 
 
