@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; T=/tmp/gpu-procs; rm -rf $T; mkdir -p $T
 { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, "gpus", torch.cuda.device_count())'; } \
   > $OUT/versions.txt 2>&1
 leftovers() {  # processes still carrying a COMMDIAG_LAUNCH_ID (none expected)
-  for p in /proc/[0-9]*; do tr '\0' '\n' < $p/environ 2>/dev/null | grep -q '^COMMDIAG_LAUNCH_ID=' \
+  for p in /proc/[0-9]*; do { tr "\0" "\n" < $p/environ; } 2>/dev/null | grep -q '^COMMDIAG_LAUNCH_ID=' \
     && echo "$1: pid ${p#/proc/} $(tr '\0' ' ' < $p/cmdline)"; done; echo "$1: checked"; }
 step() { local name=$1; shift; local s=$(date +%s.%N); "$@"; local rc=$?
   echo "$name rc=$rc wall=$(python3 -c "print(round($(date +%s.%N)-$s,1))")s" | tee -a $OUT/rc.txt; leftovers $name >> $OUT/leftovers.txt; }
@@ -21,7 +21,7 @@ step p2p timeout 300 python3 -m commdiag.cli p2p --json > $OUT/p2p.json 2>$T/p2p
 cat > $T/spec.yaml <<'YAML'
 name: procs-gpu
 backend: nccl
-nproc_per_node: 1
+nproc_per_node: 2            # both on GPU 0 (COMMDIAG_SHARE_GPU=1): a 1-rank sweep is refused
 dtype: bfloat16
 sizes: {bytes: [4096, 1048576]}
 trials: 1
@@ -31,8 +31,8 @@ timeout_s: 120
 configs:
   ll: {NCCL_PROTO: LL}
 YAML
-step sweep timeout 600 python3 -m commdiag.cli sweep $T/spec.yaml --out $T/run --no-confirm > $OUT/sweep.txt 2>&1
-step explain timeout 600 python3 -m commdiag.cli explain $T/run > $OUT/explain.txt 2>&1
+step sweep timeout 600 env COMMDIAG_SHARE_GPU=1 NCCL_SOCKET_IFNAME=lo python3 -m commdiag.cli sweep $T/spec.yaml --out $T/run --no-confirm > $OUT/sweep.txt 2>&1
+step explain timeout 600 env COMMDIAG_SHARE_GPU=1 NCCL_SOCKET_IFNAME=lo python3 -m commdiag.cli explain $T/run > $OUT/explain.txt 2>&1
 python3 -c "import json; r = json.load(open('$T/run/run.json')); print('explain_markers left:', r.get('explain_markers'))" \
   >> $OUT/explain.txt 2>&1
 cat $OUT/rc.txt $OUT/leftovers.txt

@@ -3,8 +3,9 @@
 1. A/A false-certification rate per launch model, stage 2 judged by the paired within-round
    signed-rank test (shipped) and by the unpaired rank test it replaced (same draws).
 2. Power: the share of runs that certify a true band effect (3%, 5%, 10%) at 0.3-10% launch noise,
-   with 0, 2 and 5% drift over the run, at the planned k2 (two screening claims: M = 2, one-sided,
-   8 rounds), and the "about N launches per arm for 80% power" commdiag prints at that noise.
+   with 0, 2 and 5% drift over the run, at the planned k2 (two screening claims: M = 2, one-sided:
+   11 rounds since looks spend alpha/2 first and 2 spare rounds are planned), and the "about N
+   launches per arm for 80% power" commdiag prints at that noise.
 
 Runs on CPU in about a minute: python benchmarks/paired_power.py [--runs 2000]
 """
@@ -40,7 +41,8 @@ def aa_table(runs: int) -> None:
 def power_table(runs: int) -> None:
     thr = certify.threshold(ALPHA, 2)
     print(f"\nPower: share of runs certifying a true effect in the decode band (3x3 shape: 2 sizes; M = 2 "
-          f"one-sided, k2 = 8 rounds; {runs} runs), and the N printed for 80% at that noise")
+          f"one-sided, k2 = {sim.k2_of([(1, 'decode', LESS), (1, 'prefill', LESS)])} rounds; {runs} runs), and the "
+          "N printed for 80% at that noise")
     print(f"{'effect':>6} {'noise':>6} {'drift 0%':>9} {'drift 2%':>9} {'drift 5%':>9} {'printed N':>10}")
     for eff in (3, 5, 10):
         for noise in (0.003, 0.01, 0.03, 0.10):

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/pcie8_estimate.py
 
 Components:
-- start-up per launch (wall minus measuring): 1x H200, 2026-12-02 (benchmarks/README.md): forkserver 1.55 s,
+- start-up per launch (wall minus measuring; nccl's default is forkserver since 2026-12-04): 1x H200, 2026-12-02 (benchmarks/README.md): forkserver 1.55 s,
   torchrun 9.73 s (median of 5 after the first launch); commdiag/measure/eta.py STARTUP_S;
 - measuring: per size, mode and call path (warmup + count) samples of max(window_us, one call); count =
   iters, or with time_per_size_ms as many as fit the budget, 20..iters (worker.timed_count).  This

@@ -109,7 +109,7 @@ def main(debug: bool, allow_user_files: bool) -> None:
     On a GPU box, in this order (README.md, "On your GPU box"):
       commdiag doctor                           the machine: topology, hooks, env
       commdiag sweep sweeps/nvlink2-aa.yaml     A/A check: must certify nothing
-      commdiag sweep sweeps/pcie8.yaml          the sweep (38-43 min, 8 GPUs)
+      commdiag sweep sweeps/pcie8.yaml          the sweep (19-25 min, 8 GPUs)
       commdiag report reports/RUN               report.html and the verdicts
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
@@ -183,11 +183,7 @@ def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_si
         raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "
                                "do not give a SPEC_FILE, --set, --out, --no-confirm or --certify-sizes with it")
     res = _run_spec(spec_file, sets, out, resume, as_json, step=False, no_confirm=no_confirm,
-                    certify_sizes=certify_sizes)
-    if explain and res.state == "complete":
-        from .measure import explain as explain_mod
-
-        explain_mod.run_explain(res.run_dir)
+                    certify_sizes=certify_sizes, explain=explain)
     _finish_run(res, as_json)
 
 
@@ -214,7 +210,8 @@ def step_cmd(spec_file, sets, out, resume, as_json, no_confirm):
     _finish_run(_run_spec(spec_file, sets, out, resume, as_json, step=True, no_confirm=no_confirm), as_json)
 
 
-def _run_spec(spec_file, sets, out, resume, as_json, *, step: bool, no_confirm: bool, certify_sizes: bool = False):
+def _run_spec(spec_file, sets, out, resume, as_json, *, step: bool, no_confirm: bool, certify_sizes: bool = False,
+              explain: bool = False):
     """What sweep and step share: load the spec (a step spec has model:, a sweep spec has not), print its
     warnings, run both stages with progress lines."""
     from .formats import spec as spec_mod
@@ -233,7 +230,7 @@ def _run_spec(spec_file, sets, out, resume, as_json, *, step: bool, no_confirm: 
             _echo(f"commdiag: warning: {w}", err=True)
     progress = None if as_json else (lambda p: _echo(_progress_line(p), err=True))
     return sweep_mod.run_sweep(spec, run_dir=out, resume=resume, on_progress=progress, on_plan=_print_plan,
-                               confirm=not no_confirm, certify_sizes=certify_sizes)
+                               confirm=not no_confirm, certify_sizes=certify_sizes, explain=explain)
 
 
 def _step_table(data):
@@ -252,13 +249,13 @@ def _print_plan(plan) -> None:
 
 
 def _finish_run(res, as_json: bool) -> None:
-    """What sweep and confirm print at the end: the table, the two-stage answer, report and profiles."""
+    """What sweep and confirm print at the end: the table, the two-stage answer, report and profiles
+    (published by the library: an interrupted run has none of them)."""
     from .analyse import report, verdict
     from .formats import results
 
     data = results.load_run(res.run_dir)
-    # Verdicts, report and profiles need every launch: an interrupted run has none of them yet.
-    pub = report.publish(res.run_dir, data) if res.state == "complete" else None
+    pub = res.published
     step = _step_table(data)
     if as_json:
         _echo(json.dumps({"format": "commdiag-sweep-result", "version": verdict.VERDICTS_VERSION, "run_dir": str(res.run_dir),
@@ -307,7 +304,7 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
     """Run your own benchmark command (and server) per NCCL config, interleaved in shuffled rounds, and
     certify each metric against default: better, worse, equivalent within min_effect, or inconclusive
     with the rounds that would decide it (docs/ab.md)."""
-    from .ab import render, report as ab_report, runner, spec as ab_spec
+    from .ab import render, runner, spec as ab_spec
 
     quick = bool(configs or metrics or command)
     if resume is not None and (spec_file or sets or out or quick):
@@ -327,9 +324,9 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
     res = runner.run_ab(spec, run_dir=out, resume=resume, on_progress=progress,
                         on_start=None if as_json else (lambda line: _echo(line, err=True)))
     run = runner.load(res.run_dir)
-    a = render.analyse(run)
-    # report.html, like sweep's: a complete run only (an interrupted one has no verdicts yet)
-    page = ab_report.write_report(res.run_dir, run=run, a=a)[0] if res.state == "complete" else None
+    # analysed and report.html written by the library, like sweep's: a complete run only
+    a = res.published.analysis if res.published else render.analyse(run)
+    page = res.published.report if res.published else None
     if as_json:
         _echo(json.dumps(render.to_json(res.run_dir, run, a, res.counts, page), indent=1))
     else:
@@ -354,9 +351,9 @@ def _ab_progress(p) -> str:
 @main.command("confirm", short_help="Stage 2 of a run: confirm its candidates on fresh launches.")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--rounds", type=click.IntRange(3, 200), default=None,
-              help="Rounds of stage 2 (default: the fewest at which the paired test can certify every claim). "
-                   "On a confirmed run: add this many rounds (a further look, tested at half the previous "
-                   "threshold).")
+              help="Rounds of stage 2 (default: the fewest at which the paired test can certify every claim, "
+                   "plus 2 spare). On a confirmed run: add this many rounds (a further look, tested at half of "
+                   "what the earlier looks left of the 1%).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 def confirm_cmd(run_dir, rounds, as_json):
     """Stage 2 on an existing run: confirm the screening's candidates on fresh launches (or finish or extend it)."""

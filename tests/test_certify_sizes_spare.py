@@ -9,7 +9,7 @@ import math
 
 from commdiag.analyse import certify, paired, screening, stats
 from commdiag.formats.spec import load_spec
-from commdiag.measure import sweep
+from commdiag.measure import stages
 
 from conftest import write_spec
 
@@ -18,7 +18,7 @@ SIZES = {4096: 1, 65536: 16}
 
 def test_a_failed_default_launch_leaves_the_per_size_family_certifiable(tmp_path):
     spec = load_spec(write_spec(tmp_path / "s.yaml", sizes={"bytes": list(SIZES)}, configs={"slow": {}}))
-    planned, plan = sweep._certify_sizes_plan(spec)
+    planned, plan = stages.certify_sizes_plan(spec)
     m, floor = certify.size_claims_needed(1, len(SIZES), stats.ALPHA / 2)
     assert (m, floor) == (2, 10) and planned.trials == floor + certify.SIZES_SPARE_TRIALS
     assert f"{planned.trials} trials" in " ".join(plan.lines) and "spare" in " ".join(plan.lines)

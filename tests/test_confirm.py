@@ -12,7 +12,7 @@ import pytest
 
 from commdiag.analyse import certify, screening, stats, verdict
 from commdiag.formats import results
-from commdiag.measure import sweep
+from commdiag.measure import stages, sweep
 from commdiag.errors import CommdiagError, SpecError
 from commdiag.formats.spec import load_spec
 from conftest import REPO, assert_fits, one_message, run_cli, words, write_spec
@@ -39,24 +39,25 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     assert f"commdiag confirm {out}" in data["verdicts"]["status_note"]  # the real path, not a placeholder
     run = results.load_run_json(out)
     assert run["version"] == results.RUN_FORMAT_VERSION and {l["stage"] for l in run["launches"]} == {1}
-    # stage 2 later: the plan is printed first, then 9 rounds of default + aa (confirm.configs: [aa]; two
-    # two-sided claims, each at p <= 0.005: the paired test's smallest p is 2/2^9 = 0.0039 at 9 rounds)
+    # stage 2 later: the plan is printed first, then 12 rounds of default + aa (confirm.configs: [aa]; two
+    # two-sided claims, each at the first look's p <= 0.0025: the paired test's smallest p is 2/2^10 =
+    # 0.002 at 10 rounds, plus 2 spare)
     proc = run_cli("confirm", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_fits(proc)  # the stage-2 plan, the progress lines, the table and the verdicts
-    assert "stage 2 (confirmation, look 1): 9 fresh rounds x 2 configs = 18 launches" in words(proc.stderr)
-    assert "why 9 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in words(proc.stderr)
+    assert "stage 2 (confirmation, look 1): 12 fresh rounds x 2 configs = 24 launches" in words(proc.stderr)
+    assert "why 12 rounds: the paired within-round test's smallest p with k rounds is 2/2^k" in words(proc.stderr)
     assert proc.stderr.index("stage 2 (confirmation") < proc.stderr.index("stage 2 round 1")
     assert max(len(l) for l in proc.stderr.splitlines() + proc.stdout.splitlines()) <= 100
     run = results.load_run_json(out)
     stage2 = [l for l in run["launches"] if l["stage"] == 2]
-    assert len(stage2) == 18 and {l["status"] for l in stage2} == {"ok"}
-    assert sorted(l["round"] for l in stage2) == sorted(list(range(9)) * 2)
-    assert len({l["process"] for l in stage2}) == 9  # reuse_process: one process per round
+    assert len(stage2) == 24 and {l["status"] for l in stage2} == {"ok"}
+    assert sorted(l["round"] for l in stage2) == sorted(list(range(12)) * 2)
+    assert len({l["process"] for l in stage2}) == 12  # reuse_process: one process per round
     assert run["confirmation"]["family_size"] == 2 and run["confirmation"]["test"] == certify.PAIRED_TEST
     assert "confirmation (stage 2): confirmed: 0 of 2 claims certified" in words(proc.stdout)
     assert "aa vs default, decode band (eager): not certified, keep NCCL defaults" in words(proc.stdout)
-    assert "paired signed-rank test over 9 rounds" in words(proc.stdout) and not re.search(r": certified \d", proc.stdout)
+    assert "paired signed-rank test over 12 rounds" in words(proc.stdout) and not re.search(r": certified \d", proc.stdout)
     assert "A/A check: PASS: aa (identical to default)" in words(proc.stdout)
     assert not list(out.glob("profile*.env"))
     # an interruption in stage 2 leaves pending launches: --resume finishes exactly those
@@ -71,7 +72,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     proc = run_cli("sweep", "--resume", out, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = [l for l in results.load_run_json(out)["launches"] if l["stage"] == 2]
-    assert {l["status"] for l in again} == {"ok"} and len(again) == 18
+    assert {l["status"] for l in again} == {"ok"} and len(again) == 24
     assert {l["index"]: l["started_utc"] for l in again[:-2]} == kept  # finished launches were not redone
     v = json.loads(proc.stdout)["verdicts"]
     assert v["status"] == verdict.CONFIRMED and not [c for c in v["certifications"] if c["certified"]]
@@ -84,7 +85,7 @@ def test_stage_2_measures_only_what_its_claims_test(tmp_path):
     spec = load_spec(write_spec(tmp_path / "s.yaml", sizes={"hidden": 256, "tokens": [1, 128, 256]},
                                 configs={"x": {}}, confirm={"configs": ["x"]}))
     claims = [certify.Claim("x", "eager", "decode", None, stats.TWO_SIDED, "confirm.configs", 1.0)]
-    measure = sweep._stage2_measure(spec, claims, {"decode": [1024], "prefill": [256 * 1024]})
+    measure = stages.stage2_measure(spec, claims, {"decode": [1024], "prefill": [256 * 1024]})
     # only the claims' series, but every band's sizes: a winner's ratio in the other bands decides profile.env
     # (128 tokens lies in no band: not measured)
     assert measure == {"modes": ["eager"], "vias": ["torch"], "sizes": [1024, 256 * 1024]}
@@ -115,7 +116,7 @@ def test_confirm_key_resolves_and_survives_run_json(tmp_path):
 
 def test_certify_sizes_prints_its_cost_and_raises_trials(tmp_path):
     spec = load_spec(REPO / "sweeps" / "pcie8.yaml")
-    raised, plan = sweep._certify_sizes_plan(spec)
+    raised, plan = stages.certify_sizes_plan(spec)
     m, k = certify.size_claims_needed(26, 15, stats.ALPHA / 2)  # the run's 1% is split with stage 2
     # 26 configs besides default, 15 sizes; paired by trial, two-sided: 2/2^18 <= 0.005/390 < 2/2^17
     assert m == 390 and k == 18 and raised.trials == k + certify.SIZES_SPARE_TRIALS == 20
@@ -167,18 +168,18 @@ def test_a_plan_too_short_to_certify_says_so_and_launches_nothing():
     claims = [certify.Claim("x", "graph", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
     plan = certify.confirmation_plan(claims, 6, 9, "t")  # confirm.rounds: 6 (or confirm --rounds 6)
     assert plan["configs"] == [] and plan["looks"][0]["rounds"] == 0
-    text = sweep._confirm_plan_text({"launches": []}, plan, 0)
+    text = stages.confirm_plan_text({"launches": []}, plan, 0)
     joined = " ".join(l.strip() for l in text.lines)
     assert text.launches == 0 and "not certifiable with this plan" in text.lines[0] and "nothing is launched" in joined
-    assert "9 rounds can" in joined and max(len(l) for l in text.lines) <= 100
-    # mixed sidedness, 8 rounds at 0.005: the one-sided claim is reachable (2^-8), the two-sided one is not
-    # (2/2^8): only the first one's config is launched
+    assert "10 rounds can" in joined and max(len(l) for l in text.lines) <= 100
+    # mixed sidedness, 9 rounds at 0.0025 (the first look's alpha/2 over 2 claims): the one-sided claim is
+    # reachable (2^-9), the two-sided one is not (2/2^9): only the first one's config is launched
     mixed = [certify.Claim("fast", "graph", "a", None, stats.LESS, "screening", 0.9),
              certify.Claim("seed", "graph", "b", None, stats.TWO_SIDED, "confirm.configs", 1.2)]
-    plan = certify.confirmation_plan(mixed, 8, 9, "t")
-    assert plan["configs"] == ["default", "fast"] and plan["looks"][0]["rounds"] == 8
-    text = sweep._confirm_plan_text({"launches": []}, plan, 8)
-    assert text.launches == 16 and any("not certifiable with this plan: seed" in l for l in text.lines)
+    plan = certify.confirmation_plan(mixed, 9, 9, "t")
+    assert plan["configs"] == ["default", "fast"] and plan["looks"][0]["rounds"] == 9
+    text = stages.confirm_plan_text({"launches": []}, plan, 9)
+    assert text.launches == 18 and any("not certifiable with this plan: seed" in l for l in text.lines)
 
 
 def test_a_fixed_confirm_rounds_that_cannot_certify_is_refused_before_any_launch(tmp_path):
@@ -189,25 +190,31 @@ def test_a_fixed_confirm_rounds_that_cannot_certify_is_refused_before_any_launch
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     said = one_message(proc.stderr)
     assert f"{path}: confirm.rounds: not certifiable with this plan" in said
-    assert "set confirm.rounds: 9 (or auto)" in said and not out.exists()
+    assert "set confirm.rounds: 10 (or auto)" in said and not out.exists()
     # without stage 2 the same spec runs (screening only): nothing to refuse
     spec = load_spec(path)
-    sweep._check_confirm_rounds(dataclasses.replace(spec, confirm_rounds=9), False)
+    stages.check_confirm_rounds(dataclasses.replace(spec, confirm_rounds=10), False)
 
 
 def test_a_further_look_that_cannot_reach_its_threshold_is_refused():
     claims = [certify.Claim("x", "graph", b, None, stats.TWO_SIDED, "confirm.configs", 1.0) for b in ("a", "b")]
-    plan = certify.confirmation_plan(claims, None, 9, "t")  # 9 rounds at 0.005: this look could certify
-    assert certify.next_threshold(plan) == pytest.approx(0.0025)
-    sweep._check_further_look(Path("r"), plan, 1)  # one more round reaches the halved threshold: 2/2^10
-    # a plan that launched nothing (too few rounds) spent nothing: its next look keeps 0.005
+    plan = certify.confirmation_plan(claims, None, 9, "t")  # 12 rounds at 0.0025: this look could certify
+    assert certify.next_threshold(plan) == pytest.approx(0.00125)
+    stages.check_further_look(Path("r"), plan, 1)  # 13 rounds reach the next look's threshold: 2/2^11
+    # a plan that launched nothing (too few rounds) spent nothing: its next look keeps 0.0025
     short = certify.confirmation_plan(claims, 6, 9, "t")
-    assert certify.next_threshold(short) == pytest.approx(0.005)
-    with pytest.raises(CommdiagError, match="not certifiable with this plan .* give --rounds 9"):
-        sweep._check_further_look(Path("r"), short, None)
-    with pytest.raises(CommdiagError, match=r"--rounds 3: with 3 rounds in all .* p <= 0.005 .* --rounds 9 can"):
-        sweep._check_further_look(Path("r"), short, 3)
-    sweep._check_further_look(Path("r"), short, 9)
+    assert certify.next_threshold(short) == pytest.approx(0.0025)
+    with pytest.raises(CommdiagError, match="not certifiable with this plan .* give --rounds 10"):
+        stages.check_further_look(Path("r"), short, None)
+    with pytest.raises(CommdiagError, match=r"--rounds 3: with 3 rounds in all .* p <= 0.0025 .* --rounds 10 can"):
+        stages.check_further_look(Path("r"), short, 3)
+    stages.check_further_look(Path("r"), short, 10)
+    # a run confirmed before looks spent alpha/2 (confirmation version 2: its first look at alpha/M) has
+    # nothing left: a further look is refused
+    old = certify.confirmation_plan(claims, None, 9, "t")
+    old["looks"][0]["threshold"] = 0.005
+    with pytest.raises(CommdiagError, match="spent the whole 1%"):
+        stages.check_further_look(Path("r"), old, 4)
 
 
 def test_band_text_and_gloo_note():
@@ -223,8 +230,8 @@ def test_extending_an_unfinished_confirmation_is_refused_and_a_further_look_stat
     claims = [certify.Claim("x", "graph", b, None, stats.LESS, "screening", 0.9) for b in ("a", "b")]
     plan = certify.confirmation_plan(claims, None, 9, "t")
     certify.add_look(plan, 6, "t2")
-    text = sweep._confirm_plan_text({"launches": []}, plan, 6)
-    assert "family-wise error rate is now at most 1.50%" in " ".join(text.lines)
+    text = stages.confirm_plan_text({"launches": []}, plan, 6)
+    assert "the looks have spent 0.75% of the run's 1%" in " ".join(text.lines)
 
 
 def test_a_run_folder_without_its_launch_folders_is_not_extended(tmp_path):
@@ -244,14 +251,14 @@ def test_a_run_folder_without_its_launch_folders_is_not_extended(tmp_path):
 
 
 def test_the_start_banner_warns_when_confirm_rounds_may_be_too_few(tmp_path):
-    # confirm.rounds: 9 reaches seed's 2 two-sided claims (2/2^9 <= 0.005), not a family of 4 (a screening
-    # candidate in each band as well: 0.0025)
+    # confirm.rounds: 10 reaches seed's 2 two-sided claims at the first look (2/2^10 <= 0.0025), not a family
+    # of 4 (a screening candidate in each band as well: 0.00125)
     spec = load_spec(write_spec(tmp_path / "s.yaml", sizes={"hidden": 256, "tokens": [1, 256]},
-                                configs={"seed": {}, "y": {}}, confirm={"configs": ["seed"], "rounds": 9}))
-    assert sweep._spec_families(spec) == (2, 4, stats.TWO_SIDED)
-    sweep._check_confirm_rounds(spec, False)  # the fewest claims are reachable: no refusal
+                                configs={"seed": {}, "y": {}}, confirm={"configs": ["seed"], "rounds": 10}))
+    assert stages.spec_families(spec) == (2, 4, stats.TWO_SIDED)
+    stages.check_confirm_rounds(spec, False)  # the fewest claims are reachable: no refusal
     run = {"launches": [{"index": 0, "config": "default", "stage": 1, "status": "pending"}],
            "configs": [{"name": n} for n in ("default", "seed", "y")], "confirm_requested": True}
-    lines = sweep._start_banner(spec, run, tmp_path / "r").lines
-    assert len(lines) > 1 and "confirm.rounds: 9 is too few if screening adds every claim it can (4)" in " ".join(
+    lines = stages.start_banner(spec, run, tmp_path / "r").lines
+    assert len(lines) > 1 and "confirm.rounds: 10 is too few if screening adds every claim it can (4)" in " ".join(
         l.strip() for l in lines) and max(len(l) for l in lines) <= 100

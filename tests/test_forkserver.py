@@ -308,6 +308,10 @@ def test_signal_leader_reaches_a_forked_childs_group_and_only_a_marked_pid(tmp_p
                          env=dict(os.environ), cwd=tmp_path, marker=marker, stdout=procs.PIPE, parent_death=None)
     try:
         assert leader.proc.stdout.readline() == b"up\n"
+        # the grandchild may still be inside its exec (its /proc environ unreadable for that moment)
+        deadline = time.monotonic() + 10
+        while len(procs.marked_pids(marker)) != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert len(procs.marked_pids(marker)) == 2
         assert not procs.signal_leader(leader.pid, signal.SIGKILL, procs.new_marker())  # another marker
         assert procs.signal_leader(leader.pid, signal.SIGKILL, marker)

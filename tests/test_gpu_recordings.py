@@ -87,7 +87,8 @@ def test_recorded_aa_on_gpus_reanalysed_is_screening_only_and_plans_the_right_cl
     claims = certify.plan_claims(scr, ("aa", "seed"))
     assert [(c.config, c.band) for c in claims] == [("aa", "decode"), ("seed", "decode"), ("aa", "prefill"),
                                                     ("seed", "prefill")]
-    assert certify.rounds_needed(claims) == 10  # the paired test: 2/2^10 <= 0.01/4 < 2/2^9
+    # the paired test at the first look's alpha/2: 2/2^11 <= 0.005/4 < 2/2^10, plus 2 spare rounds
+    assert certify.rounds_needed(claims) == 13
 
 
 def test_recorded_gpu_report_draws_in_chromium(tmp_path):
@@ -151,11 +152,12 @@ def test_gpu_aa_with_confirmation_re_judged_paired_never_certifies_the_twin(tmp_
     # 6 rounds, confirmed with the unpaired rank test (confirmation format 1).  Re-judged with the paired
     # within-round test: the twin is not certified, and seed's prefill slowdown is as clear as 6 rounds can
     # make it (every round slower, ratio 2.40) but 6 rounds cannot reach 0.0025 (2/2^6 = 0.031): not
-    # certifiable with that plan; 4 more rounds (commdiag confirm --rounds 4) can.
+    # certifiable with that plan; 5 more rounds (commdiag confirm --rounds 5) can, tested at 0.00125 (the
+    # first look spent nothing, so the next one is the first to spend: alpha/2/M).
     data = results.load_run(CERTIFIED / "nvlink2-aa")
     v = verdict.evaluate_run(data)
     assert data.run["confirmation"]["version"] == 1 and "test" not in data.run["confirmation"]
-    assert v.status == verdict.NOT_CERTIFIABLE and v.family_size == 4 and "--rounds 4" in v.status_note
+    assert v.status == verdict.NOT_CERTIFIABLE and v.family_size == 4 and "--rounds 5" in v.status_note
     assert v.notes[0].startswith("stage 2 judged again with the paired within-round signed-rank test")
     by = {(c.claim.config, c.claim.band): c for c in v.certifications}
     assert not any(c.certified for c in v.certifications)
@@ -164,7 +166,7 @@ def test_gpu_aa_with_confirmation_re_judged_paired_never_certifies_the_twin(tmp_
         assert aa.p > 0.3 and abs(aa.ratio - 1) < 0.005 and aa.rounds == 6  # p = 0.31 in both bands
     seed = by[("seed", "prefill")]
     assert seed.p == seed.p_floor == pytest.approx(2 / 64) and seed.ratio == pytest.approx(2.403, abs=0.001)
-    assert seed.rounds == 6 and seed.rounds_to_certify == 10 and "--rounds 4" in seed.text
+    assert seed.rounds == 6 and seed.rounds_to_certify == 11 and "--rounds 5" in seed.text
     assert by[("seed", "decode")].p == pytest.approx(2 / 64) and by[("seed", "decode")].ratio < 1.03
     assert all(w.config is None for w in v.band_winners)
     assert verdict.profile_plan(v, data.run, "r", "t") == {}
@@ -182,7 +184,7 @@ def test_gpu_aa_with_confirmation_re_judged_paired_never_certifies_the_twin(tmp_
     assert "seed vs default, prefill band (graph): not certifiable with this plan, keep NCCL defaults" in proc.stdout
     assert max(len(line) for line in proc.stdout.splitlines()) <= 100
     data = json.loads(run_cli("report", run_dir, "--json").stdout)
-    assert data["format"] == "commdiag-verdicts" and data["version"] == verdict.VERDICTS_VERSION == 4
+    assert data["format"] == "commdiag-verdicts" and data["version"] == verdict.VERDICTS_VERSION == 5
 
 
 def test_gpu_nvlink2_with_confirmation_keeps_defaults_and_costs_1_31x_screening():
@@ -191,8 +193,8 @@ def test_gpu_nvlink2_with_confirmation_keeps_defaults_and_costs_1_31x_screening(
     data = results.load_run(CERTIFIED / "nvlink2")
     v = verdict.evaluate_run(data)
     assert [c.claim.config for c in v.certifications] == ["seed", "seed"]  # no grid config was 3% faster
-    # 2 two-sided claims over 6 rounds: the paired test needs 9 (2/2^9 <= 0.005); seed slower in every round
-    assert v.status == verdict.NOT_CERTIFIABLE and "--rounds 3" in v.status_note
+    # 2 two-sided claims over 6 rounds: a look that spends needs 10 (2/2^10 <= 0.0025); seed slower in every round
+    assert v.status == verdict.NOT_CERTIFIABLE and "--rounds 4" in v.status_note
     prefill = next(c for c in v.certifications if c.claim.band == "prefill")
     assert prefill.p == pytest.approx(2 / 64) and prefill.ratio == pytest.approx(2.40, abs=0.01)
     assert all(w.config is None for w in v.band_winners)

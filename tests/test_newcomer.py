@@ -101,7 +101,7 @@ def test_readme_links_every_docs_page_and_each_page_exists():
 def test_the_verdicts_page_keeps_the_method():
     v = (REPO / "docs" / "verdicts.md").read_text()
     for s in ("mean of\nln(time) after dropping the lowest and highest 5%", "Stage 1, screening", "Stage 2, confirmation",
-              "exact Wilcoxon signed-rank", "p <= 1%/M", "1/2^k", "`--no-confirm`", "screening only"):
+              "exact Wilcoxon signed-rank", "p <= 0.5%/M", "1/2^k", "`--no-confirm`", "screening only"):
         assert s in v, s
 
 

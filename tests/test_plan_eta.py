@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from commdiag.formats.spec import load_spec
-from commdiag.measure import eta, sweep
+from commdiag.measure import eta, stages, sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ("name: plan\nbackend: gloo\nnproc_per_node: 2\nsizes: {hidden: 64, tokens: [1, 16, 256, 1024]}\n"
@@ -42,7 +42,7 @@ def test_dry_run_prints_the_plan_and_its_time_and_launches_nothing(tmp_path):
 def test_pcie8_plan_on_a_machine_without_gpus():
     """The plan needs no GPU: pcie8's components give its estimate anywhere."""
     plan = sweep.dry_run(load_spec(ROOT / "sweeps" / "pcie8.yaml"))
-    assert plan.launches == 81 + sweep.stage2_at_most(load_spec(ROOT / "sweeps" / "pcie8.yaml"))
+    assert plan.launches == 81 + stages.stage2_at_most(load_spec(ROOT / "sweeps" / "pcie8.yaml"))
     assert plan.est_s and any("stage 2 (confirmation): at most 11 rounds" in l for l in plan.lines)
 
 
@@ -68,7 +68,7 @@ def test_the_start_banner_estimates_before_the_first_launch(tmp_path):
     spec_file.write_text(SPEC)
     spec = load_spec(spec_file)
     run = sweep.new_run(spec, tmp_path, 2)
-    plan = sweep._start_banner(spec, run, tmp_path)
+    plan = stages.start_banner(spec, run, tmp_path)
     assert plan.est_s and plan.est_s > 0
     text = " ".join(" ".join(plan.lines).split())
     assert "expected: about" in text and "(gloo, forkserver; benchmarks/README.md)" in text

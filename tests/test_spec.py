@@ -41,6 +41,19 @@ def error_for(tmp_path, **overrides) -> SpecError:
     ({"base_env": {"NCCL_SHM_DISABLE": "2"}}, "base_env.NCCL_SHM_DISABLE", "0 or 1"),
     ({"nnodes": 2, "launch": "torchrun"}, "rdzv_endpoint", "host:port"),
     ({"nnodes": 2, "rdzv_endpoint": "nohost"}, "rdzv_endpoint", "host:port"),
+    ({"nnodes": 2, "launch": "torchrun"}, "rdzv_endpoint", "hosts: [...] and node_command"),
+    ({"hosts": ["a", "b"]}, "node_command", "required with hosts"),
+    ({"node_command": ["ssh", "{host}"]}, "node_command", "only with hosts"),
+    ({"hosts": ["a", "-oProxyCommand=x"], "node_command": ["ssh", "{host}"]}, "hosts[1]", "not starting with -"),
+    ({"hosts": ["a", "a"], "node_command": ["ssh", "{host}"]}, "hosts[1]", "named twice"),
+    ({"hosts": [], "node_command": ["ssh", "{host}"]}, "hosts", "empty list"),
+    ({"hosts": ["a"], "nnodes": 2, "node_command": ["ssh", "{host}"]}, "hosts", "at least one host per node"),
+    ({"hosts": ["a", "b"], "launch": "slurm", "node_command": ["ssh", "{host}"]}, "hosts", "only with launch: torchrun"),
+    ({"hosts": ["a", "b"], "node_command": ["ssh", "{hostname}"]}, "node_command[1]", "allowed: {host}, {index}"),
+    ({"hosts": ["a", "b"], "node_command": ["ssh", "{host!r}"]}, "node_command[1]", "unknown placeholder"),
+    ({"hosts": ["a", "b"], "node_command": ["ssh", "node"]}, "node_command", "names no host"),
+    ({"hosts": ["a", "b"], "node_command": ["ssh", "{host"]}, "node_command[1]", "literal brace"),
+    ({"hosts": ["a", "b"], "node_command": []}, "node_command", "empty list"),
     ({"trails": 3}, "trails", "unknown key"),
     ({"bands": {"decode": [64, 1]}}, "bands.decode", "min 64 > max 1"),
 ])
@@ -123,3 +136,18 @@ def test_a_bad_set_value_names_the_set_option(tmp_path):
     with pytest.raises(SpecError) as e:  # an error in the file itself does not blame --set
         load_spec(write_spec(tmp_path / "b.yaml", dtype="int4"), ["trials=2"])
     assert "--set" not in str(e.value)
+
+
+def test_hosts_and_node_command_resolve(tmp_path):
+    """hosts sets nnodes and launch: torchrun; the first nnodes hosts are used; {{ }} is a literal brace;
+    a resumed run's spec (run.json) comes back the same."""
+    from commdiag.formats.spec import Spec
+
+    spec = load_spec(write_spec(tmp_path / "h.yaml", nproc_per_node=1, hosts=["root@n1", "n2", "n3"],
+                                node_command=["sh", "-c", "echo {{x}}; ssh {host} \"$0\"", "{index}"]))
+    assert (spec.nnodes, spec.launch, spec.hosts) == (3, "torchrun", ("root@n1", "n2", "n3"))
+    back = Spec.from_json(spec.to_json())
+    assert (back.hosts, back.node_command, back.nnodes) == (spec.hosts, spec.node_command, 3)
+    two = load_spec(write_spec(tmp_path / "h2.yaml", nnodes=2, hosts=["n1", "n2", "n3"], node_command=["ssh", "{host}"]))
+    assert two.nnodes == 2 and two.rdzv_endpoint is None
+

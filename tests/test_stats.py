@@ -63,7 +63,7 @@ def judge(run, values, excluded=None):
     return verdict.evaluate(values, run, excluded or {})
 
 
-NOISY1 = [10.0, 10.1, 9.9, 10.05, 9.95, 10.02, 9.98, 10.08, 10.03, 9.97]
+NOISY1 = [10.0, 10.1, 9.9, 10.05, 9.95, 10.02, 9.98, 10.08, 10.03, 9.97, 10.06, 9.94, 10.01]
 
 
 def test_per_launch_value_is_the_5_percent_trimmed_mean_of_ln_time():
@@ -177,23 +177,23 @@ def test_the_cpu_twin_that_was_crowned_is_not_certified():
 
 def test_a_clear_10_percent_winner_is_certified_and_makes_profiles():
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.15, 8.95], "aa": [10.1, 9.95, 10.15]}
-    fresh = {"default": NOISY1[:8], "fast": [x * 0.9 for x in NOISY1[2:10]]}
+    fresh = {"default": NOISY1[:11], "fast": [x * 0.9 for x in NOISY1[2:13]]}
     run, values = make_run(stage1, fresh)
     v = judge(run, values)
     assert v.status == verdict.CONFIRMED and v.family_size == 2
     assert {(c.claim.band, c.claim.alternative) for c in v.certifications} == {("decode", LESS), ("prefill", LESS)}
     for c in v.certifications:
         assert c.result == certify.FASTER and c.ratio == pytest.approx(0.9, abs=0.01)
-        assert c.p == pytest.approx(1 / 256) and c.p <= c.threshold == pytest.approx(0.005)
-        assert c.rounds == 8 and c.test == certify.PAIRED and c.ratio_ci[1] < 0.97
-        assert c.text.startswith("certified 10.1% faster: ratio 0.899 (Hodges-Lehmann, 99.0% interval 0.890-0.905)")
+        assert c.p == pytest.approx(1 / 2048) and c.p <= c.threshold == pytest.approx(0.0025)
+        assert c.rounds == 11 and c.test == certify.PAIRED and c.ratio_ci[1] < 0.97
+        assert c.text.startswith("certified 10.1% faster: ratio 0.899 (Hodges-Lehmann, 99.5% interval 0.893-0.905)")
         assert c.lines("  ")[0] == f"  fast vs default, {c.claim.band} band (graph): certified 10.1% faster"
         assert c.lines("  ")[1].startswith("      ratio 0.899") and max(len(x) for x in c.lines("  ")) <= 100
     assert v.band_winner("decode", "graph").config == "fast"
     plan = verdict.profile_plan(v, run, "reports/x", "2026-11-30T00:00:00Z")
     assert set(plan) == {"profile-decode.env", "profile-prefill.env", "profile.env"}
     settings, meta = plan["profile.env"]
-    assert settings == {"NCCL_PROTO": "fast"} and meta["config"] == "fast" and "p = 0.0039" in meta["certified"]
+    assert settings == {"NCCL_PROTO": "fast"} and meta["config"] == "fast" and "p = 0.00049" in meta["certified"]
 
 
 def test_screening_alone_never_certifies_or_writes_a_profile():
@@ -209,12 +209,12 @@ def test_screening_alone_never_certifies_or_writes_a_profile():
 
 def test_a_named_config_is_certified_slower_and_never_wins():
     stage1 = {"default": [10.0, 10.2, 9.9], "seed": [24.0, 24.1, 23.8]}
-    fresh = {"default": NOISY1[:9], "seed": [x * 2.4 for x in NOISY1[1:10]]}
+    fresh = {"default": NOISY1[:12], "seed": [x * 2.4 for x in NOISY1[1:13]]}
     run, values = make_run(stage1, fresh, confirm=("seed",))
     v = judge(run, values)
     assert v.family_size == 2 and {c.claim.alternative for c in v.certifications} == {TWO_SIDED}
     assert all(c.result == certify.SLOWER and c.ratio > 2.3 for c in v.certifications)
-    assert "certified 140.1% slower" in v.certifications[0].text and v.certifications[0].rounds == 9
+    assert "certified 140.2% slower" in v.certifications[0].text and v.certifications[0].rounds == 12
     assert all(w.config is None for w in v.band_winners)
 
 
@@ -231,7 +231,7 @@ def test_screening_candidate_and_named_config_merge_into_one_two_sided_claim():
 def test_a_certified_config_with_wrong_results_is_never_a_winner():
     stage1 = {"default": [10.0, 10.2, 9.9], "wrongsum": [7.0, 7.1, 6.9], "fast": [9.0, 9.1, 8.95]}
     excluded = stats.exclusions({"launches": [{"index": 0, "config": "wrongsum", "status": "incorrect", "wrong": 12}]})
-    run, values = make_run(stage1, {"default": NOISY1[:8], "fast": [x * 0.9 for x in NOISY1[1:9]]},
+    run, values = make_run(stage1, {"default": NOISY1[:11], "fast": [x * 0.9 for x in NOISY1[1:12]]},
                            excluded=excluded)
     assert {c.config for c in certify.claims_of(run["confirmation"])} == {"fast"}  # wrongsum is not eligible
     v = judge(run, values, excluded)
@@ -251,8 +251,9 @@ def test_failed_or_timed_out_launch_excludes_and_only_trusted_launches_count():
 
 def test_a_real_but_tiny_difference_is_not_worth_a_claim():
     stage1 = {"default": [10.0, 10.2, 9.9], "tiny": [9.6, 9.7, 9.6]}
-    run, values = make_run(stage1, {"default": [10.0] * 8,
-                                    "tiny": [9.85, 9.851, 9.849, 9.852, 9.848, 9.85, 9.853, 9.847]})
+    run, values = make_run(stage1, {"default": [10.0] * 11,
+                                    "tiny": [9.85, 9.851, 9.849, 9.852, 9.848, 9.85, 9.853, 9.847, 9.846, 9.854,
+                                             9.8505]})
     v = judge(run, values)
     (c, _) = v.certifications
     assert c.p <= c.threshold and not c.certified and "1.5% faster is real" in c.text and "below the 3%" in c.text
@@ -261,7 +262,7 @@ def test_a_real_but_tiny_difference_is_not_worth_a_claim():
 def test_profile_env_is_withheld_when_the_decode_winner_is_slower_in_prefill():
     stage1 = {"default": [10.0, 10.2, 9.9], "decodeonly": [9.0, 9.1, 8.95]}
     slow_prefill = {"decodeonly": {1048576: 1.25, 4194304: 1.25}}  # fresh launches: 10% faster, but slow prefill
-    run, values = make_run(stage1, {"default": NOISY1[:8], "decodeonly": [x * 0.9 for x in NOISY1[1:9]]},
+    run, values = make_run(stage1, {"default": NOISY1[:11], "decodeonly": [x * 0.9 for x in NOISY1[1:12]]},
                            stage2_scale=slow_prefill)
     v = judge(run, values)
     assert v.band_winner("decode", "graph").config == "decodeonly"
@@ -273,8 +274,8 @@ def test_drift_across_rounds_is_paired_away_and_only_reported():
     # The machine slows 5% a round through stage 2: launches of different rounds are not comparable, launches
     # of the same round are.  The paired test certifies the 10% effect, and the trend is reported, not acted on.
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.1, 8.95]}
-    drifting = [10.0 * 1.05 ** i for i in range(8)]
-    wobble = [1.0, 1.004, 0.997, 1.002, 0.999, 1.003, 0.998, 1.001]
+    drifting = [10.0 * 1.05 ** i for i in range(11)]
+    wobble = [1.0, 1.004, 0.997, 1.002, 0.999, 1.003, 0.998, 1.001, 1.002, 0.998, 1.0]
     run, values = make_run(stage1, {"default": drifting, "fast": [x * 0.9 * w for x, w in zip(drifting, wobble)]})
     for c in judge(run, values).certifications:
         assert c.certified and c.test == certify.PAIRED and c.ratio == pytest.approx(0.9, abs=0.005)
@@ -289,29 +290,33 @@ def test_drift_across_rounds_is_paired_away_and_only_reported():
 
 def test_incomplete_rounds_are_left_out_and_counted():
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.1, 8.95]}
-    run, values = make_run(stage1, {"default": NOISY1[:8], "fast": [x * 0.9 for x in NOISY1[1:9]]})
-    failed = next(l for l in run["launches"] if l.get("stage") == 2 and l["config"] == "fast" and l["round"] == 3)
-    values = [v for v in values if v.launch != failed["index"]]  # its values never made it (a failed launch)
+    run, values = make_run(stage1, {"default": NOISY1[:11], "fast": [x * 0.9 for x in NOISY1[1:12]]})
+    lost = [l for l in run["launches"] if l.get("stage") == 2 and l["config"] == "fast" and l["round"] in (3, 5, 7)]
+    values = [v for v in values if v.launch != lost[0]["index"]]  # its values never made it (not a failed status)
     c = judge(run, values).certifications[0]
-    assert c.rounds == 7 and c.dropped == 1 and "1 incomplete round left out" in c.text
-    assert len(c.config_us) == len(c.default_us) == 7  # p, ratio and the plotted launches: the same rounds
-    assert c.p_floor == pytest.approx(1 / 128) and not c.certified  # 2^-7 > 0.005: too few left
+    assert c.rounds == 10 and c.dropped == 1 and "1 incomplete round left out" in c.text
+    assert len(c.config_us) == len(c.default_us) == 10  # p, ratio and the plotted launches: the same rounds
+    assert c.certified  # the two spare rounds: one lost launch still certifies (2^-10 <= 0.0025)
+    values = [v for v in values if v.launch not in {l["index"] for l in lost}]
+    c = judge(run, values).certifications[0]
+    assert c.rounds == 8 and c.dropped == 3 and c.p_floor == pytest.approx(1 / 256) and not c.certified
     assert "too few complete rounds left" in c.text
 
 
 def test_a_plan_with_too_few_rounds_is_not_certifiable_and_launches_nothing():
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.1, 8.95]}
-    run, values = make_run(stage1, rounds=6)  # confirm.rounds: 6 for 2 one-sided claims: 2^-6 > 0.005
+    run, values = make_run(stage1, rounds=6)  # confirm.rounds: 6 for 2 one-sided claims: 2^-6 > 0.0025
     plan = run["confirmation"]
-    assert plan["configs"] == [] and plan["looks"][0]["rounds"] == 0 and plan["rounds_needed"] == 8
+    assert plan["configs"] == [] and plan["looks"][0]["rounds"] == 0 and plan["rounds_needed"] == 11
+    assert plan["looks"][0]["alpha_spent"] == 0
     v = judge(run, values)
-    assert v.status == verdict.NOT_CERTIFIABLE and "--rounds 8" in v.status_note
+    assert v.status == verdict.NOT_CERTIFIABLE and "--rounds 9" in v.status_note
     c = v.certifications[0]
     assert c.headline == "not certifiable with this plan, keep NCCL defaults"
-    assert "fast was not launched" in c.text and "commdiag confirm RUN_DIR --rounds 8" in c.text
+    assert "fast was not launched" in c.text and "commdiag confirm RUN_DIR --rounds 9" in c.text
     # a further look keeps the threshold: the first look could not certify anything, so it spent nothing
-    certify.add_look(plan, 8, "t2")
-    assert plan["looks"][1]["threshold"] == pytest.approx(0.005) and plan["configs"] == ["default", "fast"]
+    certify.add_look(plan, 9, "t2")
+    assert plan["looks"][1]["threshold"] == pytest.approx(0.0025) and plan["configs"] == ["default", "fast"]
 
 
 def test_hopeless_noise_says_it_cannot_be_certified_at_a_sane_cost():
@@ -334,14 +339,21 @@ def test_nothing_to_confirm_when_screening_finds_no_candidate():
     assert v.status == verdict.NO_CANDIDATES and "keep NCCL defaults" in v.status_note
 
 
-def test_a_further_look_halves_the_threshold():
+def test_further_looks_spend_half_of_what_is_left_and_stay_within_alpha():
+    # the first look spends alpha/2, each later one half of what is left: 1% over any number of looks
+    # (main tested the first at alpha/M and then halved: 1% + 0.5% + 0.25% + ... = 1.875% after four)
     plan = certify.confirmation_plan([certify.Claim("x", "graph", "decode", None, LESS, "screening", 0.9)] * 2,
                                      None, 9, "t")
-    assert plan["looks"][0]["threshold"] == pytest.approx(0.005) and plan["looks"][0]["rounds"] == 8
+    assert plan["looks"][0]["threshold"] == pytest.approx(0.0025) and plan["looks"][0]["rounds"] == 11
+    assert plan["looks"][0]["alpha_spent"] == pytest.approx(0.005) and "alpha/2" in plan["alpha_spending"]
     certify.add_look(plan, 4, "t2")
-    assert plan["looks"][1] == {"look": 2, "rounds": 4, "threshold": pytest.approx(0.0025), "created_utc": "t2"}
-    certify.add_look(plan, 4, "t3")  # 16 rounds reach 0.0025: look 2 spent too, so look 3 halves again
-    assert plan["looks"][2]["threshold"] == pytest.approx(0.00125)
+    assert plan["looks"][1] == {"look": 2, "rounds": 4, "threshold": pytest.approx(0.00125), "created_utc": "t2",
+                                "alpha_spent": pytest.approx(0.0025)}
+    for k in range(3, 12):
+        certify.add_look(plan, 4, f"t{k}")
+        assert plan["looks"][-1]["threshold"] == pytest.approx(0.0025 / 2 ** (k - 1))
+        assert certify.alpha_spent(plan) < stats.ALPHA
+    assert certify.alpha_spent(plan) == pytest.approx(stats.ALPHA * (1 - 2 ** -11))
 
 
 def test_pending_stage_2_launches_mean_no_verdict_yet():
@@ -363,7 +375,7 @@ def test_recorded_real_aa_runs_are_screening_only(run):
 def test_a_band_name_that_cannot_be_a_file_name_gets_no_profile():
     # run folders recorded before band names were validated may hold one (--resume does not re-check)
     stage1 = {"default": [10.0, 10.2, 9.9], "fast": [9.0, 9.15, 8.95]}
-    run, values = make_run(stage1, {"default": NOISY1[:8], "fast": [x * 0.9 for x in NOISY1[2:10]]})
+    run, values = make_run(stage1, {"default": NOISY1[:11], "fast": [x * 0.9 for x in NOISY1[2:13]]})
     v = judge(run, values)
     from dataclasses import replace
 

@@ -121,19 +121,19 @@ def test_real_cpu_step_measures_comm_share_and_confirms_on_the_step_alone(tmp_pa
     run = results.load_run_json(out)
     assert run["spec"]["model"]["layers"] == 2 and "step" in run["method"]
     # stage 2 is planned by the same path as sweep's: only the full step, and a plan too short to certify
-    # launches nothing (one two-sided claim, decode band: the paired test needs 8 rounds, 2/2^8 <= 0.01)
+    # launches nothing (one two-sided claim, decode band: the first look needs 9 rounds, 2/2^9 <= 0.005)
     proc = run_cli("confirm", out, "--rounds", "3", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = " ".join(proc.stderr.split())
-    assert "not certifiable with this plan: 3 rounds cannot reach p <= 0.01" in said and "8 rounds can" in said
+    assert "not certifiable with this plan: 3 rounds cannot reach p <= 0.005" in said and "9 rounds can" in said
     assert_fits(proc, stdout=False)  # the stage-2 plan and progress lines
     run = results.load_run_json(out)
     assert run["confirmation"]["measure"]["vias"] == ["step"]
     assert run["confirmation"]["measure"]["modes"] == ["eager"]
-    assert run["confirmation"]["rounds_needed"] == 8 and run["confirmation"]["looks"][0]["rounds"] == 0
+    assert run["confirmation"]["rounds_needed"] == 11 and run["confirmation"]["looks"][0]["rounds"] == 0
     assert not [l for l in run["launches"] if l["stage"] == 2]
     data = verdict.evaluate_run(results.load_run(out))
-    assert data.status == verdict.NOT_CERTIFIABLE and "--rounds 8" in data.status_note
+    assert data.status == verdict.NOT_CERTIFIABLE and "--rounds 9" in data.status_note
     assert all(not c.certified for c in data.certifications)
     proc = run_cli("report", out)
     assert proc.returncode == 0 and "comm share" in proc.stdout and "not certifiable with this plan" in proc.stdout

@@ -320,3 +320,24 @@ def test_split_of_literal_overlapping_streams():
     # launched before the gap began: the GPU had work queued (waiting on something else), not the host's doing
     t.launches[4] = (20.0, 1.0, 0)
     assert analysis.split(t, 0.0, 40.0)[0].host_idle_us == 0
+
+
+H200 = Path(__file__).parent / "fixtures" / "traces" / "h200-2026-12-04"
+
+
+def test_real_h200_traces_name_the_launch_bound_eager_step_and_the_communication_bound_one():
+    """Recorded on the 1x H200 (benchmarks/gpu_traces.sh, 2026-12-04; step times measured outside the
+    profiler in steps.jsonl): TP=1, the decode step eager (4.6 ms a step) and as a CUDA graph (2.0 ms);
+    TP=2 on one GPU over sockets (each rank its own NCCL_HOSTID), where the all-reduce is the step."""
+    eager = analyse_paths([H200 / "trace-tp1-eager-rank0.json.gz"])
+    graph = analyse_paths([H200 / "trace-tp1-graph-rank0.json.gz"])
+    assert eager.verdict == "launch-bound" and eager.typical["host_idle"] > 0.5
+    assert "CUDA graphs, not NCCL settings, are where the time is" in eager.headline
+    assert graph.verdict == "compute-bound" and graph.typical["host_idle"] < 0.05
+    # the graph replay's GPU step is the shorter one, as the wall clock outside the profiler said
+    steps = [json.loads(l) for l in (H200 / "steps.jsonl").read_text().splitlines()]
+    wall = {s["mode"]: s["step_ms_median"] for s in steps if s["world_size"] == 1}
+    assert wall["graph"] < wall["eager"]
+    tp2 = analyse_paths(sorted(H200.glob("trace-tp2-hostid-eager-rank*.json.gz")))
+    assert tp2.verdict == "communication-bound" and len(tp2.ranks) == 2
+    assert "RING/LL" in tp2.headline

@@ -4,7 +4,9 @@ machine's state during the launches; and the ``--json`` envelope.  Every line fi
 (long ones wrap with an indent).
 
 JSON history (bump JSON_VERSION on any change of shape): 1: first; 2: ``machine_state`` (recorded,
-reason, notes, arms), each verdict's ``confounders``, ``report`` (the HTML file, or null)."""
+reason, notes, arms), each verdict's ``confounders``, ``report`` (the HTML file, or null); 3: each verdict's
+``rounds_range``, ``failed``, ``default_failed`` (failed launches counted as their worst value) and
+``resolution`` (the metric's step relative to its median, or null)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from ..analyse import machinereport, stats
 from . import machine, verdict as vmod
 
 WIDTH = 100
-JSON_FORMAT, JSON_VERSION = "commdiag-ab-result", 2
+JSON_FORMAT, JSON_VERSION = "commdiag-ab-result", 3
 
 
 def _wrap(text: str, indent: str = "", more: str = "    ") -> list[str]:
@@ -112,10 +114,18 @@ def _plain(v: vmod.Verdict, delta: float) -> str:
     if v.verdict == vmod.EQUIVALENT:
         return (f"{v.config}: {v.metric} is EQUIVALENT to default: {v.config} does not change it by more "
                 f"than {delta:.0%} (certified)")
-    need = (f"; about {v.rounds_needed} rounds would decide it at this noise" if v.rounds_needed
+    need = (f"; about {v.rounds_needed} rounds{_spread(v)} would decide it at this noise" if v.rounds_needed
             else "; the measured effect sits on the margin: no number of rounds decides it reliably"
             if v.noise is not None else "")
     return f"{v.config}: {v.metric} is INCONCLUSIVE{' (' + v.note + ')' if v.note else ''}{need}"
+
+
+def _spread(v: vmod.Verdict) -> str:
+    """How uncertain "about N rounds" is: one run's noise and effect are estimates too."""
+    if not v.rounds_range:
+        return ""
+    lo, hi = v.rounds_range
+    return f" (likely {lo}-{hi})" if hi is not None else f" (likely {lo} or more: the effect may sit on the margin)"
 
 
 def _numbers(v: vmod.Verdict, claims: int) -> str:
@@ -131,7 +141,7 @@ def _numbers(v: vmod.Verdict, claims: int) -> str:
     if v.noise is not None:
         parts.append(f"noise {v.noise:.2%} per round")
     if v.verdict == vmod.EQUIVALENT and v.rounds_needed:
-        parts.append(f"equivalence at this noise needs about {v.rounds_needed} rounds")
+        parts.append(f"equivalence at this noise needs about {v.rounds_needed} rounds{_spread(v)}")
     return ", ".join(parts)
 
 

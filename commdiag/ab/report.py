@@ -22,7 +22,7 @@ from .. import __version__, readfile
 from ..analyse import machinereport, report as page_mod, stats
 from ..analyse.report import PALETTE, doc_link, esc, plot_text
 from ..atomic import write_text
-from . import render, runner, verdict as vmod
+from . import render, runfile, verdict as vmod
 
 # glossary entries for the words the verdicts use (docs/glossary.md anchors)
 TERMS = (("equivalent", "equivalent"), ("paired test", "paired-test"), ("signed-rank", "signed-rank"),
@@ -152,7 +152,7 @@ def build_html(run: dict, a: dict, run_dir: Path) -> str:
     b.append("<h2>Plots</h2>")
     b.append(page_mod.plot_divs(figs))
     b.append(f"<h2>Failed launches ({len(a['failed'])})</h2>")
-    failed = [l for l in run.get("launches", []) if l.get("status") == runner.FAILED]
+    failed = [l for l in run.get("launches", []) if l.get("status") == runfile.FAILED]
     if failed:
         b.append(page_mod.table(["launch", "config", "round", "error", "tail (stderr, server log)"],
                                 [[esc(l.get("index")), esc(l.get("config")), esc(_round(l)), esc(l.get("error")),
@@ -200,7 +200,7 @@ def _launch_table(run: dict) -> str:
 def write_report(run_dir: str | Path, out: str | Path | None = None, run: dict | None = None,
                  a: dict | None = None) -> tuple[Path, dict]:
     """``report.html`` of an ab run folder (``out``: another file); (its path, the analysis)."""
-    run = run or runner.load(run_dir)
+    run = run or runfile.load(run_dir)
     a = a or render.analyse(run)
     path = Path(out) if out else Path(run_dir) / "report.html"
     write_text(path, build_html(run, a, Path(run_dir)))
@@ -210,6 +210,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, run: dict |
 def is_ab_run(run_dir: str | Path) -> bool:
     """Whether RUN_DIR/run.json is an ab run (its format says so); anything unreadable is not."""
     try:
-        return json.loads(readfile.read_text(Path(run_dir) / "run.json", what="run folder")).get("format") == runner.RUN_FORMAT
+        return json.loads(readfile.read_text(Path(run_dir) / "run.json", what="run folder")).get("format") == runfile.RUN_FORMAT
     except (OSError, ValueError, AttributeError, RecursionError):
         return False

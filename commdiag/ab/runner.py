@@ -6,9 +6,10 @@ measured run of the user's command (stdout.txt, stderr.txt), the server stopped,
 A launch that fails (the server never ready, crashed, outlived its stop; the command failed or
 timed out; a metric missing; no NCCL proof) is recorded with its reason and the run goes on.
 
-The safety rules of sweep hold: run.json through the one writer after every launch, the run-folder
-lock, each launch's marker in run.json before anything starts (a resume ends what a killed commdiag
-left running), Ctrl-C leaves a resumable folder (the launch in flight is pending again).
+The run folder lives the life of sweep's, through the same engine (measure/runner.py): the lock,
+orphans of a killed commdiag ended by marker, run.json (ab/runfile.py) saved after every launch,
+Ctrl-C back to pending; this module is only ab's run.json head and ``one_launch``, which records the
+launch's marker before anything starts.  A complete run is published (its analysis, report.html).
 
 The machine's state is read around every launch as in sweep (measure/machinestate.py: NVML before,
 every second during and after it; the launch's own processes told by their marker): run.json's
@@ -18,125 +19,50 @@ every second during and after it; the launch's own processes told by their marke
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import random
-import re
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, atomic, metadata, procs, readfile
-from ..atomic import write_json
-from ..errors import CommdiagError, brief
+from .. import atomic, metadata, procs
+from ..errors import CommdiagError
 from ..formats.spec import launch_order
-from ..measure import launcher, machinestate, runlock
+from ..measure import launcher, machinestate, runner as engine
 from ..measure.launcher import Progress
 from . import presets, server
+from .runfile import FAILED, OK, PENDING, RUN_FORMAT, RUN_FORMAT_VERSION, load, save  # noqa: F401 (ab's names)
 from .spec import AbSpec
 
-RUN_FORMAT = "commdiag-ab"
-RUN_FORMAT_VERSION = 2  # 2: machine_state, launches[].machine (docs/formats.md)
-PENDING, OK, FAILED = "pending", "ok", "failed"
 LAUNCH_KEYS = ("index", "config", "round", "marker")
 TAIL_CHARS = 2000
 NCCL_PROOF_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
 
 
+# What run_ab returns (measure/runner.py): the run folder, its state, launches per status and, when
+# complete, what was published (AbPublished: the analysis and report.html).
+AbResult = engine.RunResult
+
+
 @dataclass(frozen=True)
-class AbResult:
-    run_dir: Path
-    state: str  # complete | interrupted
-    counts: dict[str, int]
-    warnings: tuple[str, ...] = field(default=())
+class AbPublished:
+    analysis: dict  # render.analyse(run): what the text, the JSON and the report show
+    report: Path
 
 
 def default_run_dir(spec: AbSpec, root: Path = Path("reports")) -> Path:
     return root / f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-ab-{spec.name}"
 
 
-def save(run_dir: Path, run: dict) -> None:
-    write_json(Path(run_dir) / "run.json", run)
-
-
-def load(run_dir: str | Path) -> dict:
-    import json
-
-    path = Path(run_dir) / "run.json"
-    try:
-        run = json.loads(readfile.read_text(path, what="run folder"))
-    except FileNotFoundError:
-        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag ab run folder?") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise CommdiagError(f"{path}: cannot read: {str(e)[:200]}") from None
-    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
-        found = run.get("format") if isinstance(run, dict) else type(run).__name__
-        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag ab run ({RUN_FORMAT!r})")
-    v = run.get("version")
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= RUN_FORMAT_VERSION:
-        raise CommdiagError(f"{path}: version: {v!r} is not an ab run version this commdiag reads "
-                            f"(1..{RUN_FORMAT_VERSION})")
-    if not isinstance(run.get("spec"), dict) or not isinstance(run.get("launches"), list):
-        raise CommdiagError(f"{path}: spec or launches missing; the file was damaged or not written by commdiag")
-    _check_shape(run, path)
-    return run
-
-
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_shape(run: dict, path: Path) -> None:
-    """The parts the verdicts, the text and report.html index into: a damaged or hand-edited run.json
-    is one error naming the field, not a TypeError deep inside the report (results._check_shape is
-    sweep's)."""
-    def bad(fld: str, why: str) -> CommdiagError:
-        return CommdiagError(f"{path}: {fld}: {why}; the file was damaged or not written by commdiag")
-
-    metrics = run["spec"].get("metrics", [])
-    if not isinstance(metrics, list) or not all(isinstance(m, dict) and isinstance(m.get("name"), str)
-                                                for m in metrics):
-        raise bad("spec.metrics", "not a list of {name: string, ...}")
-    configs = run.get("configs")
-    if not isinstance(configs, list):
-        raise bad("configs", "missing or not a list")
-    names = set()
-    for i, c in enumerate(configs):
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("overrides", {}), dict):
-            raise bad(f"configs[{i}]", "not {name: string, overrides: mapping}")
-        if _CONTROL.search(c["name"]):  # a spec never allows it; printed to terminals and the report
-            raise bad(f"configs[{i}].name", f"{brief(c['name'])} contains control characters")
-        names.add(c["name"])
-    statuses = (PENDING, OK, FAILED)
-    for i, l in enumerate(run["launches"]):
-        if not isinstance(l, dict):
-            raise bad(f"launches[{i}]", "not a mapping")
-        for key in ("index", "round"):
-            v = l.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise bad(f"launches[{i}].{key}", f"{brief(v)} is not an integer >= 0")
-        if l.get("status") not in statuses:
-            raise bad(f"launches[{i}].status", f"{brief(l.get('status'))} is not one of {', '.join(statuses)}")
-        if l.get("config") not in names:
-            raise bad(f"launches[{i}].config", f"{brief(l.get('config'))} is not one of the run's configs")
-        values = l.get("values")
-        if values is not None and (not isinstance(values, dict)
-                                   or not all(isinstance(k, str) and _number(x) for k, x in values.items())):
-            raise bad(f"launches[{i}].values", "not a mapping of metric name to number")
-
-
 def new_run(spec: AbSpec) -> dict:
     seed = spec.seed if spec.seed is not None else random.SystemRandom().randrange(2 ** 31)
     return {
-        "format": RUN_FORMAT, "version": RUN_FORMAT_VERSION, "commdiag_version": __version__,
-        "created_utc": launcher.utc_now(), "finished_utc": None, "state": "running",
-        "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(), "seed": seed,
+        **engine.head(RUN_FORMAT, RUN_FORMAT_VERSION, spec), "seed": seed,
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides} for c in spec.configs],
         "launches": [{"index": l.index, "config": l.config, "round": l.trial, "status": PENDING}
                      for l in launch_order(spec, seed)],
@@ -147,83 +73,44 @@ def new_run(spec: AbSpec) -> dict:
 
 def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
            env: dict[str, str] | None = None, on_progress: Callable[[Progress], None] | None = None,
-           on_start: Callable[[str], None] | None = None,
+           on_start: Callable[[str], None] | None = None, publish: bool = True,
            sampler: machinestate.Sampler | None = None) -> AbResult:
-    """Run every pending launch of a new A/B (``spec``) or an interrupted one (``resume``).
-    ``sampler``: what reads the machine's state around each launch (default: NVML when it is there;
-    a replay of recorded readings in tests)."""
+    """Run every pending launch of a new A/B (``spec``) or an interrupted one (``resume``); a complete
+    run is then published (``publish``: its analysis and report.html, the result's ``published``), as
+    ``commdiag ab`` does.  ``sampler``: what reads the machine's state around each launch (default:
+    NVML when it is there; a replay of recorded readings in tests)."""
     base_env = dict(os.environ if env is None else env)
     if resume is None:
         assert spec is not None
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
-        if (run_dir / "run.json").exists():
-            raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
-        runlock.check_folder(run_dir)  # before anything is made: no folder left behind a user's link
-        atomic.make_dirs(run_dir)  # the one writer: never through a link
     else:
         run_dir = Path(resume)
-    with runlock.hold(run_dir):
-        if resume is None:
-            if (run_dir / "run.json").exists():
-                raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
-            run = new_run(spec)
-        else:
-            run = load(run_dir)
-            spec = AbSpec.from_json(run["spec"])
-            ended = runlock.reap_orphans(run)
-            if ended:
-                run.setdefault("warnings", []).append(
-                    f"ended {len(ended)} process(es) left running by an earlier commdiag (pids "
-                    f"{', '.join(map(str, ended))})")
+    new = (lambda: new_run(spec)) if resume is None else None
+    with engine.opened(run_dir, load=load, save=save, new=new) as folder:
+        run = folder.run
+        spec = spec if resume is None else AbSpec.from_json(run["spec"])
         run["state"] = "running"
-        save(run_dir, run)
-        own_sampler = sampler is None
+        folder.save()
+        configs = {c["name"]: c for c in run["configs"]}
+        pending = folder.pending()
+        if on_start and pending:
+            on_start(f"run folder {run_dir}: {len(pending)} launch(es) to run ({len(configs)} arms x "
+                     f"{spec.rounds} rounds, shuffled within each round)")
+
+        def one(batch: list[dict]) -> float:
+            one_launch(spec, run, run_dir, batch[0], configs[batch[0]["config"]], base_env, sampler)
+            return batch[0].get("wall_s", 0.0)
+
         # The user's benchmark may use any GPU of the machine: NVML is read whenever it is there.
-        sampler = sampler or machinestate.open_sampler("nccl")
-        try:
-            return _run_pending(spec, run, run_dir, base_env, on_progress, on_start, sampler)
-        finally:
-            if own_sampler:
-                sampler.close()
+        with folder.watching(sampler, "nccl") as sampler:
+            folder.run_pending(one, keys=LAUNCH_KEYS, on_progress=on_progress)
+        res = folder.finish()
+    if publish and res.state == "complete":
+        from . import report
 
-
-def _run_pending(spec: AbSpec, run: dict, run_dir: Path, base_env: dict, on_progress, on_start,
-                 sampler: machinestate.Sampler) -> AbResult:
-    procs.take_back_sigint()  # resumable after Ctrl-C, however it was started
-    configs = {c["name"]: c for c in run["configs"]}
-    pending = [l for l in run["launches"] if l["status"] == PENDING]
-    if on_start and pending:
-        on_start(f"run folder {run_dir}: {len(pending)} launch(es) to run ({len(configs)} arms x "
-                 f"{spec.rounds} rounds, shuffled within each round)")
-    walls: list[float] = []
-    interrupted = False
-    run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
-    try:
-        for n, launch in enumerate(pending, 1):
-            try:
-                one_launch(spec, run, run_dir, launch, configs[launch["config"]], base_env, sampler)
-            except KeyboardInterrupt:
-                for key in list(launch):
-                    if key not in LAUNCH_KEYS:
-                        launch.pop(key)
-                launch["status"] = PENDING
-                interrupted = True
-                break
-            finally:
-                save(run_dir, run)
-            walls.append(launch.get("wall_s", 0.0))
-            if on_progress:
-                on_progress(Progress(n, len(pending), launch, (len(pending) - n) * sum(walls) / len(walls)))
-    except KeyboardInterrupt:  # between launches (saving, printing): resumable all the same
-        interrupted = True
-    run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
-    run["state"] = "interrupted" if interrupted else "complete"
-    run["finished_utc"] = None if interrupted else launcher.utc_now()
-    save(run_dir, run)
-    counts: dict[str, int] = {}
-    for l in run["launches"]:
-        counts[l["status"]] = counts.get(l["status"], 0) + 1
-    return AbResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
+        page, analysis = report.write_report(run_dir, run=load(run_dir))
+        res = dataclasses.replace(res, published=AbPublished(analysis, page))
+    return res
 
 
 def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict,

@@ -10,31 +10,48 @@ claims, the run's whole family.
 Rounds.  k2 fresh rounds; each runs default and every claimed config once, in a
 shuffled order (measure/sweep.py ``_add_rounds``).  Stage-1 launches are never
 reused: they chose the candidates, and reusing them raised the false rate to
-2.4-3.7% in simulation.  k2 = the fewest rounds at which every claim's test can
-reach ALPHA/M at all (paired.rounds_to_reach: 2^-k2 <= ALPHA/M one-sided,
-2 x 2^-k2 two-sided), never fewer.  A fixed ``confirm.rounds`` (or ``confirm
+2.4-3.7% in simulation.  The floor is the fewest rounds at which every claim's test
+can reach the first look's ALPHA/2/M at all (paired.rounds_to_reach: 2^-k <=
+ALPHA/2/M one-sided, 2 x 2^-k two-sided); k2 = the floor + SPARE_ROUNDS.  A fixed ``confirm.rounds`` (or ``confirm
 --rounds``) below that cannot certify: the claims it cannot reach are "not
 certifiable with this plan" and their configs are not launched at all.
 
 Test.  The one the randomization supports (paired.py): per complete round,
 d = ln(config's band value) - ln(default's), the exact Wilcoxon signed-rank test
 on the d's, and the Hodges-Lehmann estimate of the d's (with its exact interval)
-as the ratio, from the same rounds.  Certified faster when p <= ALPHA/M and the
-ratio is <= 0.97; certified slower (two-sided claims) when p <= ALPHA/M and the
-ratio is >= 1.03.  A round missing either launch (failed, timed out, wrong sums)
+as the ratio, from the same rounds.  Certified faster when p <= the look's threshold
+(ALPHA/2/M at the first) and the ratio is <= 0.97; certified slower (two-sided
+claims) when p <= it and the ratio is >= 1.03.  A round missing either launch (failed, timed out, wrong sums)
 is left out and counted.  Bonferroni over the M claims keeps the chance of any
 false certification in a run at or below ALPHA (1%): under no effect each d is
 symmetric about 0 because the order inside its round was a fair shuffle, whatever
 the machine did between rounds or at a position inside a round.
 
 Looks.  ``commdiag confirm --rounds K`` on a confirmed run adds K rounds and
-tests again on all stage-2 rounds: a second look at data already seen.  Each
-look that could certify something is tested at half the previous one's
-threshold, so however often a run is extended the family-wise rate stays below
-2 x ALPHA; a run confirmed once (the default) keeps ALPHA.  A look whose rounds
-could not reach its threshold at all (a plan with too few rounds, or a run
-confirmed before the paired test) spent nothing, so the next look keeps its
-threshold.
+tests again on all stage-2 rounds: a further look at data already seen.  The
+looks spend alpha/2, alpha/4, ...: the first look that can certify tests each
+claim at ALPHA/2/M, every later one at half of what is left (next_threshold),
+so the chance of any false certification over any number of looks is at most
+ALPHA/2 + ALPHA/4 + ... < ALPHA.  A look whose rounds could not reach its
+threshold at all spent nothing.  run.json records each look's threshold and
+``alpha_spent`` (threshold x M).  Plans of confirmation version 2 spent all of
+ALPHA at their first look: a further look is refused.
+
+Spare rounds.  k2 = the floor + SPARE_ROUNDS (2): at the floor only every
+round complete and of one sign certifies.
+
+Failures.  A launch that failed, timed out or gave wrong sums is evidence against
+its config: it stands in as twice the worst value either arm reached
+(paired.with_failures), so a config whose slow launches time out is not judged on
+its good ones.  Only a round where both failed is left out.
+
+Typical launch and tails.  The test compares the typical launch (within-round
+log-ratios: a rare 3x slower launch is one round of one sign).  A config certified
+faster that way is still not certified when its arithmetic mean time over the same
+rounds is not below default's: its launches show a tail default's do not (the
+rare slow launch is the one a serving box feels).  This check only withholds
+certifications, so it costs the 1% nothing; its price is power, measured in
+docs/verdicts.md.
 
 Format.  The plan is run.json's ``confirmation`` block, version 2 with
 ``test: paired-signed-rank``.  Version 1 plans (the unpaired rank test) carry
@@ -52,7 +69,11 @@ from . import paired, stats
 from .screening import Estimate, Screening, band_values, candidates
 from .stats import ALPHA, DEFAULT, LESS, MIN_EFFECT, TWO_SIDED
 
-CONFIRMATION_VERSION = 2
+# 2: the paired test; 3: looks spend alpha/2, alpha/4, ... (each look's ``alpha_spent``, the plan's
+# ``alpha_spending``) and the rounds are the floor plus SPARE_ROUNDS
+CONFIRMATION_VERSION = 3
+SPARE_ROUNDS = 2  # stage-2 rounds planned beyond the floor (rounds_needed)
+SPENDING = "alpha/2 at the first look that can certify, alpha/4 at the next, ...: any number of looks within alpha"
 PAIRED_TEST = "paired-signed-rank"  # the confirmation block's ``test`` (version 1 had none: unpaired rank test)
 PAIRED = "paired signed-rank"  # Certification.test
 SANE_LAUNCHES = 30  # beyond this many launches per arm, say plainly that it cannot be certified at a sane cost
@@ -112,8 +133,9 @@ def plan_claims(screening: Screening, confirm_configs: tuple[str, ...] | list[st
 
 
 def threshold(alpha: float, family: int, look: int = 1) -> float:
-    """The p a claim must reach: ALPHA / M at the first look, halved at each later look that spends."""
-    return alpha / max(family, 1) / 2 ** (max(look, 1) - 1)
+    """The p a claim must reach at the ``look``-th look that spends: alpha / 2^look / M (module
+    docstring: alpha/2, alpha/4, ... sum to alpha however many looks there are)."""
+    return alpha / max(family, 1) / 2 ** max(look, 1)
 
 
 def reachable(claim: Claim, rounds: int, thr: float) -> bool:
@@ -121,12 +143,19 @@ def reachable(claim: Claim, rounds: int, thr: float) -> bool:
     return paired.smallest_p(rounds, claim.alternative) <= thr
 
 
-def rounds_needed(claims: list[Claim], alpha: float = ALPHA) -> int:
-    """k2 = the fewest rounds at which every claim's paired test can reach ALPHA/M (per its sidedness)."""
+def rounds_floor(claims: list[Claim], alpha: float = ALPHA) -> int:
+    """The fewest rounds at which every claim's paired test can reach the first look's threshold."""
     if not claims:
         return 0
     thr = threshold(alpha, len(claims))
     return max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
+
+
+def rounds_needed(claims: list[Claim], alpha: float = ALPHA) -> int:
+    """k2 = the floor (``rounds_floor``) plus SPARE_ROUNDS: at the floor only every round complete and of
+    one sign certifies, so one lost launch or one small round of the other sign left the claim unreachable."""
+    floor = rounds_floor(claims, alpha)
+    return floor + SPARE_ROUNDS if floor else 0
 
 
 def confirmation_plan(claims: list[Claim], rounds: int | None, screening_launches: int, created: str,
@@ -139,10 +168,12 @@ def confirmation_plan(claims: list[Claim], rounds: int | None, screening_launche
     can = [c for c in claims if reachable(c, k2, thr)]
     configs = [DEFAULT] + list(dict.fromkeys(c.config for c in can)) if can else []
     return {"version": CONFIRMATION_VERSION, "test": PAIRED_TEST, "alpha": alpha, "min_effect": MIN_EFFECT,
+            "alpha_spending": SPENDING,
             "mode": claims[0].mode if claims else None, "claims": [c.to_json() for c in claims],
             "family_size": len(claims), "configs": configs, "rounds_needed": needed,
             "rounds_requested": rounds,
-            "looks": [{"look": 1, "rounds": k2 if can else 0, "threshold": thr, "created_utc": created}],
+            "looks": [{"look": 1, "rounds": k2 if can else 0, "threshold": thr, "created_utc": created,
+                       "alpha_spent": thr * len(claims) if can else 0.0}],
             "screening_launches": screening_launches}
 
 
@@ -158,10 +189,19 @@ def look_spent(plan: dict, look: int) -> bool:
     return any(reachable(c, rounds, lk["threshold"]) for c in claims_of(plan))
 
 
+def alpha_spent(plan: dict) -> float:
+    """The family-wise error the plan's looks have spent: threshold x M for every look that could
+    certify (a look that could not reach its threshold spent nothing)."""
+    m = max(plan.get("family_size", 0), 1)
+    return sum(lk["threshold"] * m for i, lk in enumerate(plan.get("looks", [])) if look_spent(plan, i + 1))
+
+
 def next_threshold(plan: dict) -> float:
-    """The threshold of the next look: ALPHA/M halved once per earlier look that spent (module docstring)."""
-    spent = sum(look_spent(plan, i + 1) for i in range(len(plan.get("looks", []))))
-    return threshold(plan.get("alpha", ALPHA), plan.get("family_size", 0), spent + 1)
+    """The threshold of the next look: half of what is left of alpha, over the M claims (module docstring).
+    A plan of confirmation version 2 spent all of alpha at its first look (the rule was alpha/M, then
+    halves): what is left is 0, and a further look is refused (sweep._check_further_look)."""
+    left = max(plan.get("alpha", ALPHA) - alpha_spent(plan), 0.0)
+    return left / 2 / max(plan.get("family_size", 0), 1)
 
 
 def add_look(plan: dict, rounds: int, created: str) -> dict:
@@ -172,6 +212,8 @@ def add_look(plan: dict, rounds: int, created: str) -> dict:
                           "created_utc": created})
     total = total_rounds(plan)
     can = [c for c in claims_of(plan) if reachable(c, total, thr)]
+    plan["looks"][-1]["alpha_spent"] = thr * max(plan.get("family_size", 0), 1) if can else 0.0
+    plan["alpha_spending"] = plan.get("alpha_spending", SPENDING)
     plan["configs"] = [DEFAULT] + list(dict.fromkeys(c.config for c in can)) if can else []
     return plan
 
@@ -230,6 +272,10 @@ class Certification:
     plan_reaches: bool = True  # the plan's rounds can reach ``threshold`` at all ("not certifiable with this plan")
     rounds_to_certify: int | None = None  # complete rounds that could reach the threshold (of a further look)
     next_threshold: float | None = None
+    failed: int = 0  # paired: rounds whose config launch failed (counted as its worst value: paired.with_failures)
+    default_failed: int = 0  # paired: rounds whose default launch failed (likewise, the other way)
+    mean_ratio: float | None = None  # the config's arithmetic mean time over the rounds / default's
+    tail: bool = False  # faster on the typical launch, but a tail made its mean time no lower: not crowned
 
     @property
     def certified(self) -> bool:
@@ -267,6 +313,13 @@ class Certification:
         tail = "" if self.eligible else " (never a winner: a launch failed or gave wrong sums)"
         if self.certified:
             return f"certified {abs(self.ratio - 1) * 100:.1f}% {self.result}{tail}"
+        if self.result == NOT_CERTIFIED and self.failed > self.default_failed and self.p is not None \
+                and self.p <= self.threshold and self.ratio <= 1 - MIN_EFFECT:
+            return (f"not certified, keep NCCL defaults: faster on its good launches, but it failed more often "
+                    f"than default ({self.failed} against {self.default_failed})")
+        if self.tail:
+            return (f"not certified, keep NCCL defaults: {abs(self.ratio - 1) * 100:.1f}% faster on the typical "
+                    f"launch, but its mean time is {(self.mean_ratio - 1) * 100:+.1f}% (rare slow launches)")
         if self.p is not None and self.p <= self.threshold:
             way = "slower" if self.ratio > 1 else "faster"
             return (f"not certified, keep NCCL defaults: {abs(self.ratio - 1) * 100:.1f}% {way} is real but below "
@@ -289,6 +342,9 @@ class Certification:
                 out.append(f"too few complete {self._unit}s left to reach p <= {self.threshold:.2g}")
             out.append(self._noise())
             out += self._power()
+        if self.failed or self.default_failed:
+            out.append(f"failed launches counted as twice the worst value seen: {self.failed} of "
+                       f"{self.claim.config}, {self.default_failed} of default")
         if self.dropped:
             out.append(f"{self.dropped} incomplete {self._unit}{'s' if self.dropped != 1 else ''} left out")
         if self.zeros:
@@ -377,15 +433,20 @@ def _sd(vals) -> float | None:
     return math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1))
 
 
-def test_claim(claim: Claim, xs: dict[int, float], ys: dict[int, float], *, thr: float, look: int,
+def test_claim(claim: Claim, xs: dict[int, float | None], ys: dict[int, float | None], *, thr: float, look: int,
                eligible: bool, planned: int = 0, next_thr: float | None = None) -> Certification:
-    """One claim from stage-2 values by round (round -> ln value) of the config (xs) and default (ys):
-    the paired signed-rank test over the complete rounds (module docstring).  ``planned``: the rounds
-    the plan ran (those missing either launch are counted as left out); ``next_thr``: the threshold of a
-    further look (for the "not certifiable with this plan" hint)."""
-    rounds = sorted(set(xs) & set(ys))
-    d = [xs[r] - ys[r] for r in rounds]
-    x, y = [xs[r] for r in rounds], [ys[r] for r in rounds]
+    """One claim from stage-2 values by round (round -> ln value; None: that launch failed) of the config
+    (xs) and default (ys): the paired signed-rank test over the rounds with both launches, a failed one
+    counted as twice the worst value seen (paired.with_failures: a failure is evidence against its
+    config); a faster typical launch whose mean time is no lower is not certified (a tail: module
+    docstring).  ``planned``: the rounds the plan ran (those missing a launch are counted as left out);
+    ``next_thr``: the threshold of a further look (for the "not certifiable with this plan" hint)."""
+    rounds, d, _ = paired.with_failures(xs, ys, +1)
+    worst = None if not rounds else max(v for v in list(xs.values()) + list(ys.values()) if v is not None) \
+        + math.log(paired.FAILED_FACTOR)
+    x = [worst if xs[r] is None else xs[r] for r in rounds]
+    y = [worst if ys[r] is None else ys[r] for r in rounds]
+    failed = dict(failed=sum(xs[r] is None for r in rounds), default_failed=sum(ys[r] is None for r in rounds))
     dropped = max(planned, len(set(xs) | set(ys))) - len(rounds)
     signed = paired.nonzero_rounds(d)
     floor = paired.smallest_p(signed, claim.alternative)
@@ -398,7 +459,7 @@ def test_claim(claim: Claim, xs: dict[int, float], ys: dict[int, float], *, thr:
         note = (f"{claim.config} was not launched: the plan's rounds cannot reach p <= {thr:.2g}"
                 if not common["plan_reaches"] else f"no complete stage-2 round of {claim.config} and default")
         return Certification(claim, look, thr, _us(x), _us(y), None, floor, None, NOT_CERTIFIED, PAIRED, None, None,
-                             None, eligible, note, **common)
+                             None, eligible, note, **failed, **common)
     p = paired.signed_rank_p(d, claim.alternative)
     ratio = math.exp(paired.hodges_lehmann(d))
     tail = thr / 2 if claim.alternative == TWO_SIDED else thr
@@ -406,11 +467,17 @@ def test_claim(claim: Claim, xs: dict[int, float], ys: dict[int, float], *, thr:
     trend = stats.drift([(r, ys[r]) for r in rounds])
     my = stats.median(y)
     states = stats.two_states([v - stats.median(x) for v in x] + [v - my for v in y])
+    result = decide(p, ratio, thr, claim.alternative)
+    mean_ratio = sum(math.exp(v) for v in x) / sum(math.exp(v) for v in y)
+    tailed = result == FASTER and mean_ratio >= 1.0  # the typical launch is faster, the mean time is not
+    if result == FASTER and failed["failed"] > failed["default_failed"]:  # never faster while it fails more
+        result = NOT_CERTIFIED
     return Certification(claim, look, thr, _us(x), _us(y), p, floor, ratio,
-                         decide(p, ratio, thr, claim.alternative), PAIRED, _sd(d),
+                         NOT_CERTIFIED if tailed else result, PAIRED, _sd(d),
                          tuple(round(math.exp(my + s), 4) for s in states) if states else None, trend, eligible,
                          ratio_ci=(math.exp(ci[0]), math.exp(ci[1])) if ci else None,
-                         ci_level=1 - 2 * tail if ci else None, **common)
+                         ci_level=1 - 2 * tail if ci else None, mean_ratio=mean_ratio, tail=tailed,
+                         **failed, **common)
 
 
 def _groups(values: list[stats.LaunchValue], claim: Claim, band_sizes: dict[str, list[int]],
@@ -434,9 +501,19 @@ def by_round(launch_values: dict[int, float], round_of: dict[int, int]) -> dict[
 
 
 def certify(plan: dict, values: list[stats.LaunchValue], band_sizes: dict[str, list[int]],
-            round_of: dict[int, int], excluded: dict[str, str]) -> list[Certification]:
+            round_of: dict[int, int], excluded: dict[str, str],
+            failed: dict[int, str] | None = None) -> list[Certification]:
     """Every claim of ``plan`` tested on the stage-2 values (all rounds of all looks so far);
-    ``round_of``: stage-2 launch -> its round."""
+    ``round_of``: stage-2 launch -> its round; ``failed``: stage-2 launch -> config of every launch that
+    failed, timed out or gave wrong sums (counted as its config's worst value, not left out)."""
+    failed_rounds: dict[str, set[int]] = {}
+    for launch, config in (failed or {}).items():
+        if launch in round_of:
+            failed_rounds.setdefault(config, set()).add(round_of[launch])
+
+    def with_failed(config: str, got: dict[int, float]) -> dict[int, float | None]:
+        return {**{r: None for r in failed_rounds.get(config, ())}, **got}
+
     values = [v for v in values if v.stage == 2]
     looks = plan.get("looks", [])
     look = len(looks) or 1
@@ -447,8 +524,8 @@ def certify(plan: dict, values: list[stats.LaunchValue], band_sizes: dict[str, l
     cache: dict = {}
     for claim in claims_of(plan):
         groups = _groups(values, claim, band_sizes, cache)
-        out.append(test_claim(claim, by_round(groups.get(claim.config, {}), round_of),
-                              by_round(groups.get(DEFAULT, {}), round_of), thr=thr, look=look,
+        out.append(test_claim(claim, with_failed(claim.config, by_round(groups.get(claim.config, {}), round_of)),
+                              with_failed(DEFAULT, by_round(groups.get(DEFAULT, {}), round_of)), thr=thr, look=look,
                               eligible=claim.config not in excluded, planned=planned,
                               next_thr=None if nxt is None or reachable(claim, planned, thr) else nxt))
     return out
@@ -483,7 +560,7 @@ def certify_sizes(screening: Screening, values: list[stats.LaunchValue], trial_o
     test over all launches is exposed to position effects inside a trial.  ``trial_of``: stage-1
     launch -> its trial; ``trials``: the trials the run planned (missing ones are counted as left
     out).  The run's 1% is split: half for this family, half for stage 2's band claims
-    (sweep._plan_stage2), so that any false certification in the run stays at or below 1%."""
+    (stages.plan_stage2), so that any false certification in the run stays at or below 1%."""
     mode = screening.primary_mode
     values = [v for v in values if v.stage == 1 and v.mode == mode]
     by: dict[int, dict[str, dict[int, float]]] = {}

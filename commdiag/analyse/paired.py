@@ -147,6 +147,9 @@ def signed_rank_p(d, alternative: str = TWO_SIDED):
     import numpy as np
 
     arr = np.asarray(d, dtype=float)
+    if not np.isfinite(arr).all():  # a NaN would rank as the largest negative round, an inf as the largest
+        raise ValueError("signed_rank_p: every log-ratio must be finite (a missing or failed round is left "
+                         "out or given a value by the caller, never NaN or inf)")
     rows = np.atleast_2d(arr)
     out = np.ones(rows.shape[0])
     n = rows.shape[1]
@@ -222,15 +225,98 @@ def interval(d, tail: float) -> tuple[float, float] | None:
     """Exact interval for the paired shift: between the (c+1)-th smallest and largest Walsh
     averages, c the critical count of ``tail`` (its coverage is at least 1 - 2 * tail; without
     ties exactly the test's duality: the upper end is below 0 iff the one-sided p <= tail).
-    None when the rounds are too few for that level."""
+    None when the rounds are too few for that level.
+
+    With zeros or ties among the d (a coarsely printed metric, a failed launch's stand-in value) the
+    untied critical count no longer matches the p, which drops zeros and uses the tie pattern's own
+    distribution: the interval is then the test inverted, every shift x whose d - x the same exact p
+    (``signed_rank_p``, zeros and ties as it treats them) does not reject at ``tail`` (``_inverted``)."""
     import numpy as np
 
+    d = np.asarray(d, dtype=float)
     n = len(d)
+    if n and _tied(d):
+        return _inverted(d, tail)
     c = critical_count(n, tail) if n else None
     if c is None:
         return None
     w = np.sort(_walsh(d))
     return float(w[c]), float(w[len(w) - 1 - c])
+
+
+def _tied(d) -> bool:
+    """Zeros or ties among the |d| (what makes the p use its own distribution)."""
+    import numpy as np
+
+    a = np.sort(np.abs(d))
+    return bool(a[0] < ZERO_TOL or (np.diff(a) < ZERO_TOL).any())
+
+
+def _inverted(d, tail: float) -> tuple[float, float] | None:
+    """The shifts not rejected one-sided at ``tail`` on either side, on the grid where the statistic
+    can change (the distinct Walsh averages and the midpoints between them), found by bisection (the
+    p of d - x falls as x rises, on the "less" side, and the other way on the "greater" side).  The
+    upper end is the last Walsh average before the first rejected grid point, the lower end likewise
+    from below: the closure of the accepted set.  None when even the most extreme shift is not
+    rejected (too few signed rounds for that level)."""
+    import numpy as np
+
+    w = np.unique(_walsh(d))
+    span = float(w[-1] - w[0]) or 1.0
+    grid = np.empty(2 * len(w) + 1)
+    grid[0] = w[0] - span  # beyond every Walsh average: every d - x of one sign
+    grid[1:-1:2] = w
+    grid[2:-1:2] = (w[:-1] + w[1:]) / 2
+    grid[-1] = w[-1] + span
+
+    def first(reject) -> int | None:  # the first grid index (from the given end) that rejects
+        if not reject(len(grid) - 1):
+            return None
+        lo, hi = 0, len(grid) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if reject(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    up = first(lambda i: signed_rank_p(d - grid[i], LESS) <= tail)
+    down = first(lambda i: signed_rank_p(d - grid[len(grid) - 1 - i], "greater") <= tail)
+    if up is None or down is None:
+        return None
+    down = len(grid) - 1 - down
+    hi = grid[up] if up % 2 == 1 else grid[up - 1]  # a Walsh average, or the one left of a midpoint
+    lo = grid[down] if down % 2 == 1 else grid[down + 1]
+    return float(lo), float(hi)
+
+
+# A failed launch (timed out, crashed, wrong sums) is evidence against its config: it stands in as
+# twice the worst value either arm reached in the comparison (FAILED_FACTOR), so that a config whose
+# slow launches time out is not judged on its good ones alone.  Taken from both arms together, it does
+# not depend on which arm a round's launches carried: under no effect, a failure is as likely in
+# either place, and the test stays exact.
+FAILED_FACTOR = 2.0
+
+
+def with_failures(x: dict, y: dict, worse: int = 1) -> tuple[list[int], list[float], int]:
+    """Round -> ln value (None: the launch failed) of a config (x) and default (y) as paired log-ratios:
+    (rounds, d, rounds where both failed, left out: no sign).  A failed launch counts as the worst value
+    of both arms' successful launches, times FAILED_FACTOR in the bad direction (``worse`` +1: higher
+    is worse, as times; -1: lower is worse, as throughput)."""
+    seen = [v for v in list(x.values()) + list(y.values()) if v is not None]
+    if not seen:
+        return [], [], sum(1 for r in set(x) & set(y))
+    worst = (max(seen) if worse > 0 else min(seen)) + worse * math.log(FAILED_FACTOR)
+    rounds, d, both = [], [], 0
+    for r in sorted(set(x) & set(y)):
+        a, b = x[r], y[r]
+        if a is None and b is None:
+            both += 1
+            continue
+        rounds.append(r)
+        d.append((worst if a is None else a) - (worst if b is None else b))
+    return rounds, d, both
 
 
 # ---------------------------------------------------------------- power

@@ -28,8 +28,10 @@ SCREENING_ONLY, NO_CANDIDATES, PENDING, CONFIRMED = ("screening only", "nothing 
 # The commdiag-verdicts (and commdiag-sweep-result) JSON envelope: 2 = stage 2 judged by the unpaired rank
 # test; 3 = by the paired within-round signed-rank test (certifications gain rounds, dropped, zeros,
 # ratio_ci, ci_level, plan_reaches, rounds_to_certify, headline; noise is the sd of the round log-ratios);
-# 4 = --certify-sizes' per-size claims paired by trial too (their test, rounds and noise as stage 2's).
-VERDICTS_VERSION = 4
+# 4 = --certify-sizes' per-size claims paired by trial too (their test, rounds and noise as stage 2's);
+# 5 = failed launches counted as their config's worst value (certifications gain failed, default_failed),
+# the tail check (mean_ratio, tail), looks spending alpha/2, alpha/4, ... (confirmation version 3).
+VERDICTS_VERSION = 5
 NOT_CERTIFIABLE = "not certifiable with this plan"  # stage 2's rounds cannot reach any claim's threshold
 
 
@@ -206,7 +208,9 @@ def _evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, st
         return Verdicts(scr, PENDING, f"commdiag sweep --resume {run_dir_hint(run)} finishes it", plan, (),
                         _no_winners(scr), tuple(sizes))
     round_of = {l["index"]: int(l["round"]) for l in stage2 if isinstance(l.get("round"), int)}
-    certs = certify.certify(plan, values, scr.band_sizes, round_of, excluded)
+    usable = stats.usable_launches(run)
+    failed = {l["index"]: l["config"] for l in stage2 if l.get("status") != "pending" and l["index"] not in usable}
+    certs = certify.certify(plan, values, scr.band_sizes, round_of, excluded, failed)
     winners = []
     for b in scr.bands:
         mode = plan.get("mode") or scr.primary_mode

@@ -40,10 +40,10 @@ REPLAY_STREAMS = ("side", "default")
 # ``slurm``: each launch is one srun job step over the allocation's nodes (measure/slurm.py); the
 # default when nnodes > 1 (docs/multinode.md).
 LAUNCH_METHODS = ("forkserver", "torchrun", "slurm")
-# nccl stays on torchrun until the fork server's 2-GPU A/A against it (benchmarks/gpu_forkserver.sh) is
-# recorded: proof 1 (NCCL's own ENV/INIT lines) passed on one GPU, the equivalence of the measurements
-# needs two (docs/launch-methods.md, "Which is the default").
-DEFAULT_LAUNCH = {"gloo": "forkserver", "nccl": "torchrun"}
+# nccl too since 2026-12-04: proof 1 (NCCL's own ENV/INIT lines), the import-time proof on CUDA torch and
+# proof 2 on two NCCL ranks of one GPU (benchmarks/README.md) passed; the 2-GPU form of proof 2 is still
+# to run (docs/launch-methods.md, "Which is the default").
+DEFAULT_LAUNCH = {"gloo": "forkserver", "nccl": "forkserver"}
 DEFAULT_CONFIG = "default"
 # Size bands for verdicts (tokens, inclusive); null = unbounded.  Decode steps and
 # speculative verify steps send 1..64 tokens, prefill chunks 256 and more.
@@ -84,6 +84,8 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "nproc_per_node": ((int, type(None)), None),
     "nnodes": ((int,), 1),
     "rdzv_endpoint": ((str, type(None)), None),
+    "hosts": ((list, type(None)), None),
+    "node_command": ((list, type(None)), None),
     "dtype": ((str,), "bfloat16"),
     "sizes": ((dict,), None),
     "trials": ((int,), 3),
@@ -171,6 +173,10 @@ class Spec:
     # ms of timing per size, mode and call path (None: exactly ``iters``; runs stored before the key)
     time_per_size_ms: float | None = None
     racing: bool = True
+    # launch: torchrun across named hosts: one torchrun agent per host, started through the user's
+    # node_command ({host}/{index} filled in; measure/hosts.py); () on one box or under Slurm
+    hosts: tuple[str, ...] = ()
+    node_command: tuple[str, ...] = ()
 
     def config(self, name: str) -> Config:
         return next(c for c in self.configs if c.name == name)
@@ -193,6 +199,8 @@ class Spec:
         d["warnings"] = tuple(d.get("warnings", ()))
         d["confirm_configs"] = tuple(d.get("confirm_configs", ()))
         d.setdefault("racing", False)  # a run stored before racing (format <= 6) keeps its full plan
+        d["hosts"] = tuple(d.get("hosts", ()))
+        d["node_command"] = tuple(d.get("node_command", ()))
         return cls(**d)
 
 
@@ -407,6 +415,74 @@ def _check_endpoint(path, rdzv: str) -> None:
         raise SpecError(path, "rdzv_endpoint", f"{brief(rdzv)}: the host has whitespace or control characters")
 
 
+# A host as node_command and the rendezvous see it: a name, an address, or ssh's user@host.  A host
+# that starts with "-" would read as an option of ssh or pdsh.
+HOST_RE = re.compile(r"[A-Za-z0-9_.@:%\[\]][A-Za-z0-9_.@:%\[\]-]{0,252}")
+NODE_COMMAND_PLACEHOLDERS = ("host", "index")
+
+
+def _resolve_hosts(path, hosts) -> tuple[str, ...]:
+    """``hosts``: the nodes of a launch: torchrun across hosts, in node-rank order (the first is the
+    rendezvous unless rdzv_endpoint says otherwise)."""
+    if hosts is None:
+        return ()
+    if not hosts:
+        raise SpecError(path, "hosts", "an empty list: name the nodes, e.g. [node1, node2], or leave hosts out")
+    if len(hosts) > LIMITS["nnodes"]:
+        raise SpecError(path, "hosts", f"{len(hosts)} hosts, more than the limit of {LIMITS['nnodes']}")
+    seen = set()
+    for i, host in enumerate(hosts):
+        if not isinstance(host, str) or not HOST_RE.fullmatch(host):
+            raise SpecError(path, f"hosts[{i}]", f"{brief(host)} must be a host name, an address or user@host "
+                                                 "(letters, digits, . _ - @ : % [ ]; not starting with -)")
+        if host in seen:
+            raise SpecError(path, f"hosts[{i}]", f"{brief(host)} is named twice: one torchrun agent per host")
+        seen.add(host)
+    return tuple(hosts)
+
+
+def _resolve_node_command(path, command, hosts) -> tuple[str, ...]:
+    """``node_command``: the user's own way to run a shell command line on a host (``[ssh, "{host}"]``);
+    commdiag appends that command line as one last argument.  Placeholders: {host}, {index} (the
+    node rank, 0-based); ``{{``/``}}`` for a literal brace."""
+    if command is None:
+        if hosts:
+            raise SpecError(path, "node_command", "required with hosts: the command that runs a shell command "
+                                                  "line on {host}, e.g. [ssh, \"{host}\"] (commdiag appends the "
+                                                  "command line as its last argument)")
+        return ()
+    if not hosts:
+        raise SpecError(path, "node_command", "only with hosts: the nodes it starts torchrun on")
+    if not command:
+        raise SpecError(path, "node_command", "an empty list: give the program and its arguments, e.g. "
+                                              "[ssh, \"{host}\"]")
+    import string
+
+    used = set()
+    for i, arg in enumerate(command):
+        if not isinstance(arg, str) or not arg or "\0" in arg:
+            raise SpecError(path, f"node_command[{i}]", f"{brief(arg)} must be a non-empty string")
+        try:
+            fields = list(string.Formatter().parse(arg))
+        except ValueError as e:
+            raise SpecError(path, f"node_command[{i}]", f"{brief(arg)}: {e} (write {{{{ or }}}} for a literal "
+                                                        "brace)") from None
+        for _, name, spec, conversion in fields:
+            if name is None:
+                continue
+            if name not in NODE_COMMAND_PLACEHOLDERS or spec or conversion:
+                raise SpecError(path, f"node_command[{i}]", f"{brief(arg)}: unknown placeholder "
+                                                            f"{{{name}{'!' + conversion if conversion else ''}"
+                                                            f"{':' + spec if spec else ''}}} (allowed: {{host}}, "
+                                                            "{index}; {{ or }} for a literal brace)")
+            used.add(name)
+    if not used:
+        raise SpecError(path, "node_command", f"{brief(command)} names no host: put {{host}} (or {{index}}) where "
+                                              "the host goes, e.g. [ssh, \"{host}\"], so that each agent runs on "
+                                              "its own host")
+    return tuple(command)
+
+
 def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     warnings: list[str] = []
     for key, value in raw.items():
@@ -434,13 +510,30 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         nproc = 2
     if nproc is not None:
         _bounded_int(path, "nproc_per_node", nproc)
-    nnodes = _bounded_int(path, "nnodes", get("nnodes"))
+    hosts = _resolve_hosts(path, get("hosts"))
+    node_command = _resolve_node_command(path, get("node_command"), hosts)
+    if hosts and "nnodes" not in raw:
+        raw_nnodes = len(hosts)
+    else:
+        raw_nnodes = get("nnodes")
+    nnodes = _bounded_int(path, "nnodes", raw_nnodes)
+    if hosts and nnodes > len(hosts):
+        raise SpecError(path, "hosts", f"{len(hosts)} host(s) for nnodes: {nnodes}: name at least one host "
+                                       "per node (the first nnodes are used)")
     rdzv = get("rdzv_endpoint")
     launch = get("launch")
-    if nnodes > 1 and not rdzv and launch == "torchrun":
-        raise SpecError(path, "rdzv_endpoint", "required with launch: torchrun and nnodes > 1: host:port of "
-                                               "the c10d rendezvous (or leave launch unset: inside Slurm each "
-                                               "launch is one srun over the allocation; docs/multinode.md)")
+    if hosts and launch is None:
+        launch = "torchrun"
+    if hosts and launch != "torchrun":
+        raise SpecError(path, "hosts", f"only with launch: torchrun (got launch: {brief(launch)}): under Slurm "
+                                       "the allocation names the nodes; docs/multinode.md")
+    if nnodes > 1 and not rdzv and not hosts and launch == "torchrun":
+        raise SpecError(path, "rdzv_endpoint", "required with launch: torchrun and nnodes > 1 unless hosts is "
+                                               "set: host:port of the c10d rendezvous, with the same sweep "
+                                               "started on every node; or hosts: [...] and node_command: "
+                                               "[ssh, \"{host}\"] to have commdiag start one torchrun per host; "
+                                               "or leave launch unset: inside Slurm each launch is one srun "
+                                               "over the allocation; docs/multinode.md")
     if rdzv:
         _check_endpoint(path, rdzv)
     large = bool(get("allow_large"))
@@ -513,6 +606,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         reuse_process=bool(get("reuse_process")), launch=launch, racing=bool(get("racing")),
         confirm_configs=confirm_configs, confirm_rounds=confirm_rounds,
         model=model, time_per_size_ms=None if model else time_per_size_ms,
+        hosts=hosts, node_command=node_command,
     )
 
 

@@ -29,9 +29,11 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 from .. import atomic, procs
-from . import launcher, runlock
+from . import launcher, runner
+from .launcher import Progress
 from ..nccl import ncclog, transports, tunerlog
 from ..formats import results
 from ..errors import CommdiagError
@@ -153,68 +155,88 @@ def refuse_start_variables(run_dir, run: dict) -> None:
                                 "made the run")
 
 
-def run_explain(run_dir: str | Path, env: dict[str, str] | None = None) -> dict:
+# What an explain launch keeps when Ctrl-C sends it back to pending (runner.py).
+LAUNCH_KEYS = ("index", "config", "marker")
+
+
+def run_explain(run_dir: str | Path, env: dict[str, str] | None = None,
+                on_progress: Callable[[Progress], None] | None = None) -> dict:
     """Run one untimed TUNING launch per config of ``run_dir`` and store the result in run.json.
 
-    Under the run folder's lock (runlock.hold: one commdiag per folder; as root, a folder another user
-    can change is refused).  Every launch's marker is in run.json (``explain_markers``) before the
-    launch starts, so after a kill -9 the next explain, sweep ``--resume`` or ``confirm`` of the folder
-    ends what is left of it (runlock.reap_orphans); they are dropped when explain completes."""
+    A run folder's life as sweep's (runner.py): under the folder's lock (never beside a ``confirm`` or a
+    ``--resume`` of the same run), orphans of a killed commdiag ended first, each launch's marker in
+    run.json (``explain_launches``) before it starts; Ctrl-C sends the launch in flight back to pending
+    and raises KeyboardInterrupt, and the next explain runs only the pending ones."""
     import os
 
     run_dir = Path(run_dir)
+    base_env = dict(os.environ if env is None else env)
     # as root, launches are written only into a run folder no other user can change (as sweep's are)
-    runlock.check_folder(run_dir, ("launches", "explain"))
-    with runlock.hold(run_dir):
-        run = results.load_run_json(run_dir)
+    with runner.opened(run_dir, load=results.load_run_json, save=results.save_run,
+                       inside=("launches", "explain")) as folder:
+        run = folder.run
         spec = Spec.from_json(run["spec"])
         require_nccl(run_dir, spec.backend)
         refuse_start_variables(run_dir, run)
-        runlock.reap_orphans(run)  # an earlier explain's launches, killed with it
-        base_env = dict(os.environ if env is None else env)
-        sizes = [s.bytes for s in spec.sizes]
-        explained: dict[str, dict] = {}
-        version = None
-        root = run_dir / "explain"
-        for n, config in enumerate(run["configs"]):
-            folder = root / f"{n:04d}"
-            atomic.remove_tree(folder)  # the one writer: a link planted there is removed, never followed
-            atomic.make_dirs(folder)
-            debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
-                     "NCCL_DEBUG_FILE": str(folder.resolve() / "nccl.%h.%p.log")}
-            plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0,
-                    "iters": 0, "batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
-                    "out_dir": str(folder.resolve()), "config": config["name"], "nccl_debug_file": None}
-            marker = procs.new_marker()
-            run.setdefault("explain_markers", []).append(marker)
-            results.save_run(run_dir, run)  # on disk before any process carries it
-            outcome, _ = launcher.launch_worker(
-                folder, plan, base_env=base_env, config_env=config["env"], extra_env=debug,
-                nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
-                rdzv_id=f"commdiag-explain-{spec.name}-{run['seed']}-{n}", deadline_s=spec.timeout_s, marker=marker)
-            if outcome.interrupted:
-                raise KeyboardInterrupt
-            text = "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob("nccl.*.log")))
-            entry = {"status": "ok", "error": None, "sizes": choices_by_size(text, sizes)}
-            parsed = ncclog.parse(text)
-            version = version or next((p.version for p in parsed.values() if p.version), None)
-            if outcome.timed_out or outcome.exit_code != 0:
-                entry["status"] = "timeout" if outcome.timed_out else "failed"
-                entry["error"] = (folder / "torchrun.log").read_text(errors="replace")[-2000:]
-            elif not entry["sizes"]:
-                entry["status"] = "no-tuning-lines"
-                entry["error"] = "NCCL printed no TUNING lines (NCCL older than 2.24 may print none): choices unknown"
-            entry["overrides"] = dict(config.get("overrides") or {})
-            entry["transports"] = transports.summary_json(transports.parse(text).values())
-            tuner = tuner_by_size(text, sizes, {**base_env, **config["env"]}.get("NCCL_TUNER_PLUGIN"))
-            if tuner is not None:
-                entry["tuner"] = tuner
-            explained[config["name"]] = entry
-        run.pop("explain_markers", None)  # every launch has ended: nothing carries them any more
+        configs = run["configs"]
+        launches = run.get("explain_launches")
+        if not (isinstance(launches, list) and len(launches) == len(configs)
+                and any(l.get("status") == runner.PENDING for l in launches)):
+            launches = run["explain_launches"] = [{"index": n, "config": c["name"], "status": runner.PENDING}
+                                                  for n, c in enumerate(configs)]
+        folder.save()
+
+        def one(batch: list[dict]) -> float:
+            launch = batch[0]
+            entry, wall = _one_launch(folder, spec, base_env, launch, configs[launch["index"]])
+            launch.update(status=entry["status"], wall_s=round(wall, 3), entry=entry)
+            return wall
+
+        if folder.run_pending(one, keys=LAUNCH_KEYS, launches=launches, on_progress=on_progress):
+            raise KeyboardInterrupt  # saved: the launch in flight is pending, the next explain runs it
+        explained = {l["config"]: l.pop("entry") for l in launches}  # kept once, in run.json's explain
+        version = next((l["nccl_version"] for l in launches if l.get("nccl_version")), None)
         run["explain"] = {"nccl_version": version, "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(),
-                          "configs": explained, "notes": notes(run["configs"], explained)}
-        results.save_run(run_dir, run)
+                          "configs": explained, "notes": notes(configs, explained)}
+        folder.save()
         return run["explain"]
+
+
+def _one_launch(folder: runner.Folder, spec: Spec, base_env: dict, launch: dict, config: dict) -> tuple[dict, float]:
+    """One config's TUNING launch into ``explain/NNNN/``: what NCCL chose, and the launch's wall seconds."""
+    n, run = launch["index"], folder.run
+    sizes = [s.bytes for s in spec.sizes]
+    out = folder.path / "explain" / f"{n:04d}"
+    atomic.remove_tree(out)  # the one writer: a link planted there is removed, never followed
+    atomic.make_dirs(out)
+    debug = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
+             "NCCL_DEBUG_FILE": str(out.resolve() / "nccl.%h.%p.log")}
+    plan = {"backend": "nccl", "dtype": spec.dtype, "sizes": sizes, "modes": ["eager"], "warmup": 0, "iters": 0,
+            "batch": 1, "vias": ["torch"], "explain": True, "watch_env": sorted(config["env"]),
+            "out_dir": str(out.resolve()), "config": config["name"], "nccl_debug_file": None}
+    marker = procs.new_marker()
+    folder.mark([launch], marker)  # in run.json before anything starts: a later command reaps what it leaves
+    outcome, _ = launcher.launch_worker(
+        out, plan, base_env=base_env, config_env=config["env"], extra_env=debug,
+        nproc=run["nproc_per_node"], nnodes=spec.nnodes, rdzv_endpoint=spec.rdzv_endpoint,
+        rdzv_id=f"commdiag-explain-{spec.name}-{run['seed']}-{n}", deadline_s=spec.timeout_s, marker=marker)
+    if outcome.interrupted:
+        raise KeyboardInterrupt
+    text = "\n".join(p.read_text(errors="replace") for p in sorted(out.glob("nccl.*.log")))
+    entry = {"status": "ok", "error": None, "sizes": choices_by_size(text, sizes)}
+    launch["nccl_version"] = next((p.version for p in ncclog.parse(text).values() if p.version), None)
+    if outcome.timed_out or outcome.exit_code != 0:
+        entry["status"] = "timeout" if outcome.timed_out else "failed"
+        entry["error"] = (out / "torchrun.log").read_text(errors="replace")[-2000:]
+    elif not entry["sizes"]:
+        entry["status"] = "no-tuning-lines"
+        entry["error"] = "NCCL printed no TUNING lines (NCCL older than 2.24 may print none): choices unknown"
+    entry["overrides"] = dict(config.get("overrides") or {})
+    entry["transports"] = transports.summary_json(transports.parse(text).values())
+    tuner = tuner_by_size(text, sizes, {**base_env, **config["env"]}.get("NCCL_TUNER_PLUGIN"))
+    if tuner is not None:
+        entry["tuner"] = tuner
+    return entry, outcome.wall_s
 
 
 def render(explain: dict, sizes: list[dict]) -> str:

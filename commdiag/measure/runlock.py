@@ -106,13 +106,15 @@ def _read_pid(fd: int) -> int | None:
 
 
 def _markers(run: dict) -> set[str]:
-    """The launch markers recorded in run.json (data read from disk: only well-formed ones)."""
+    """The launch markers recorded in run.json, a measuring command's and explain's (data read from
+    disk: only well-formed ones)."""
     out = set()
-    for launch in run.get("launches") or []:
+    for launch in [l for key in ("launches", "explain_launches") if isinstance(run.get(key), list)
+                   for l in run[key]]:
         m = launch.get("marker") if isinstance(launch, dict) else None
         if isinstance(m, str) and _MARKER_RE.fullmatch(m):
             out.add(m)
-    extra = run.get("explain_markers")  # explain's launches in flight (measure/explain.py)
+    extra = run.get("explain_markers")  # what explain recorded before it ran on measure/runner.py: still read
     for m in extra if isinstance(extra, list) else []:
         if isinstance(m, str) and _MARKER_RE.fullmatch(m):
             out.add(m)

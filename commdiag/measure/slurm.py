@@ -105,8 +105,9 @@ def not_in_allocation_text(nnodes: int | None = None, command: str = "commdiag s
             f"inside Slurm: `salloc -N {nnodes or 2} {command}` (or the same line in an sbatch script)")
     if command.startswith("commdiag sweep") or command.startswith("commdiag step"):
         text += ("; each launch then runs as one srun job step over the allocation's nodes. Without Slurm, "
-                 "set `launch: torchrun` and `rdzv_endpoint`, and start the same `commdiag sweep` on every "
-                 "node yourself")
+                 "set `launch: torchrun` with `hosts: [node1, node2]` and `node_command: [ssh, \"{host}\"]` "
+                 "(commdiag starts one torchrun agent per host through that command), or with `rdzv_endpoint` "
+                 "and start the same `commdiag sweep` on every node yourself")
     return text + " (docs/multinode.md)"
 
 

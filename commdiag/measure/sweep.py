@@ -3,18 +3,18 @@
 A launch's processes are forks of per-rank launch servers (``launch: forkserver``,
 serverpool.py) or a fresh torchrun (``launch: torchrun``); docs/launch-methods.md.
 
-``run_sweep`` is the library entry point behind ``commdiag sweep``.  It validates
-prerequisites before the first launch, writes run.json after every launch
-(atomically), and on Ctrl-C kills the launch in flight, marks it pending and
-returns a resumable run.  ``--resume`` re-reads run.json and runs only the
-launches that are still pending.  Around every launch it records the machine's state
-(machinestate.py: NVML clocks, throttling, link, other processes; nccl runs only).
+``run_sweep`` is the library entry point behind ``commdiag sweep`` (and ``step``): it validates
+prerequisites before the first launch and, once the run is complete, publishes it (verdicts,
+report.html, profiles: what the CLI prints and writes).  The run folder's life (the lock, orphans
+of a killed commdiag, run.json after every launch, Ctrl-C back to pending, ``--resume`` running
+only what is pending) is runner.py's; this module is sweep's kind of launch: its run.json head,
+the worker's plan, how a launch's outcome is recorded and proven.  Around every launch the machine's
+state is recorded (machinestate.py: NVML clocks, throttling, link, other processes; nccl runs only).
 
-Two stages (verdict.py): stage 1 is the interleaved trials; when it is done the
-sweep screens it, records the confirmation plan in run.json and appends stage 2's
-rounds as pending launches, so an interrupted confirmation resumes like any other
-launch.  ``run_confirm`` (``commdiag confirm``) runs, finishes or extends stage 2
-of an existing run.
+Two stages (verdict.py): stage 1 is the interleaved trials; when it is done the sweep screens it
+and stages.py records the confirmation plan in run.json and appends stage 2's rounds as pending
+launches, so an interrupted confirmation resumes like any other launch.  ``run_confirm``
+(``commdiag confirm``) runs, finishes or extends stage 2 of an existing run.
 """
 
 from __future__ import annotations
@@ -25,15 +25,12 @@ import importlib.machinery
 import importlib.util
 import os
 import random
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__, atomic, linewrap, metadata, procs
-from ..analyse import certify, paired, racing, screening, stats, verdict
-from ..analyse.stats import LESS, TWO_SIDED
-from . import eta, launcher, machinestate, runlock, serverpool, slurm
+from .. import atomic, metadata
+from ..analyse import racing, verdict
+from . import eta, hosts, launcher, machinestate, runner, serverpool, slurm, stages
 from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
@@ -45,16 +42,9 @@ TAIL_CHARS = 4000  # enough of a traceback or NCCL WARN block to see the cause
 PER_COMMUNICATOR = ("NCCL_PROTO", "NCCL_ALGO")
 
 
-@dataclass(frozen=True)
-class SweepResult:
-    run_dir: Path
-    state: str  # complete | interrupted
-    counts: dict[str, int]
-    warnings: tuple[str, ...] = field(default=())
-
-    @property
-    def all_ok(self) -> bool:
-        return self.state == "complete" and set(self.counts) <= {results.OK, results.DROPPED}
+# What run_sweep and run_confirm return (runner.py): the run folder, its state, launches per status and,
+# when complete, what was published (analyse/report.Published).
+SweepResult = runner.RunResult
 
 
 def default_run_dir(spec: Spec, root: Path = Path("reports")) -> Path:
@@ -75,6 +65,8 @@ def preflight(spec: Spec) -> int:
     nproc = spec.nproc_per_node
     if spec.launch == "slurm":  # the ranks run on the allocation's nodes, not on this one
         return _preflight_slurm(spec, nproc)
+    if spec.hosts:  # one torchrun agent per host, through the spec's node_command (measure/hosts.py)
+        return hosts.preflight(spec)
     if spec.nnodes > 1 and spec.launch == "torchrun" and not spec.rdzv_endpoint:
         raise CommdiagError(slurm.not_in_allocation_text(spec.nnodes))
     if spec.backend == "nccl":
@@ -118,11 +110,26 @@ def _preflight_slurm(spec: Spec, nproc: int | None) -> int:
 
 
 def _seed(spec: Spec) -> int:
+    """The launch order's seed: the spec's, else a fresh one per run (a rerun must not repeat the order
+    that may have favoured a config by luck).  Multi-node torchrun runs cannot draw one on each node (every
+    node must run the same order), so they need it in the spec (``_check_seed``)."""
     if spec.seed is not None:
         return spec.seed
-    if spec.nnodes > 1 and spec.launch == "torchrun":  # a commdiag per node: each must draw the same order
-        return zlib.crc32(repr(spec.to_json()).encode())
+    _check_seed(spec)
     return random.SystemRandom().randrange(2**31)
+
+
+def _check_seed(spec: Spec) -> None:
+    """Before any launch: a multi-node torchrun spec (a commdiag on every node) names its seed, the same on
+    every node and a new one per run; launch: slurm runs one commdiag for all nodes, which draws it."""
+    if spec.nnodes > 1 and spec.launch == "torchrun" and not spec.hosts and spec.seed is None:
+        from ..errors import SpecError
+
+        fresh = random.SystemRandom().randrange(2**31)
+        raise SpecError(spec.path, "seed", f"required when nnodes > 1: every node must run the same launch order, "
+                                           "and a seed derived from the spec would repeat it in every rerun; give "
+                                           f"the same fresh one on every node, e.g. --set seed={fresh} (drawn now), "
+                                           "and a new one for each run")
 
 
 def _nccl_debug_env(spec: Spec, env: dict[str, str], folder: Path) -> tuple[dict[str, str], str]:
@@ -140,14 +147,14 @@ def _method(spec: Spec) -> dict:
     """How this run measures, in words: stored in run.json, shown by the report, compared by compare."""
     method = {"combine_ranks": "per iteration, the max over ranks"}
     how, why = launch_method(spec)
-    method["launch"] = LAUNCH_TEXT[how] + (f" ({why})" if why else "")
+    method["launch"] = (hosts.METHOD_TEXT if spec.hosts else LAUNCH_TEXT[how]) + (f" ({why})" if why else "")
     if spec.model:
         from . import tpstep
         method.update(tpstep.method_text(spec))
         return method
     if spec.reuse_process:
-        method["process"] = ("reuse_process: per trial, configs that differ only in "
-                             f"{'/'.join(PER_COMMUNICATOR)} share one torchrun process, each with fresh "
+        method["process"] = ("reuse_process: per trial, when all configs (default included) differ only in "
+                             f"{'/'.join(PER_COMMUNICATOR)}, they share one torchrun process, each with fresh "
                              "communicators created after its variables were set; kept only where every rank's "
                              "NCCL log confirms the values for that run")
     if spec.backend == "gloo":
@@ -177,21 +184,27 @@ def _count_text(spec: Spec) -> str:
             f"{spec.iters}; calibrated in the launch from its warmup)")
 
 
+def _reuse_warning(spec: Spec) -> list[str]:
+    if not spec.reuse_process or reuse_shared(spec):
+        return []
+    return [f"reuse_process: every launch runs in its own process: the configs do not all differ only in "
+            f"{'/'.join(PER_COMMUNICATOR)} (default included), and sharing a process among some of them would "
+            "make the first run in a process (first communicator, first kernels) theirs, not the shuffle's"]
+
+
 def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
     seed = _seed(spec)
     order = launch_order(spec, seed)
     return {
-        "format": results.RUN_FORMAT, "version": results.RUN_FORMAT_VERSION,
-        "commdiag_version": __version__, "created_utc": launcher.utc_now(), "finished_utc": None,
-        "state": "running",
-        "spec_file": spec.path, "spec_given": spec.raw, "spec": spec.to_json(),
+        **runner.head(results.RUN_FORMAT, results.RUN_FORMAT_VERSION, spec),
         "nproc_per_node": nproc, "world_size": nproc * spec.nnodes, "seed": seed,
+        "seed_source": "spec" if spec.seed is not None else "drawn",
         "method": _method(spec),
         "configs": [{"name": c.name, "env": c.env, "overrides": c.overrides, "origin": c.origin} for c in spec.configs],
         "launches": [{"index": l.index, "config": l.config, "trial": l.trial, "stage": 1, "status": results.PENDING}
                      for l in order],
         "fingerprint": {"launcher": metadata.collect_host(), **_nvml_fingerprint(spec)},
-        "warnings": list(spec.warnings),
+        "warnings": list(spec.warnings) + _reuse_warning(spec),
         "launch": _launch_record(spec),
         "racing": {"enabled": spec.racing, "looks": []},
     }
@@ -223,6 +236,8 @@ def _launch_record(spec: Spec) -> dict:
     record = {"requested": spec.launch, "method": how, **({"note": why} if why else {})}
     if how == "slurm":
         record["slurm"] = slurm.allocation().to_json()
+    if spec.hosts:
+        record["hosts"] = hosts.record(spec)
     return record
 
 
@@ -240,6 +255,10 @@ class Starter:
             self.method = "torchrun"
         self.pool: serverpool.ServerPool | None = None
         self.started_servers = False
+        if spec.hosts and any(l["status"] == results.PENDING for l in run["launches"]):
+            # node_command reaches every host, which sees the run folder: one error, not a failed launch each
+            checked = hosts.check(spec, run_dir, base_env)
+            run.setdefault("launch", _launch_record(spec)).setdefault("hosts", hosts.record(spec))["checked"] = checked
 
     def launch(self, folder: Path, plan: dict, *, index: int, config_env: dict, extra_env: dict,
                deadline_s: float, rdzv_id: str, mark: Callable[[str], None]) -> tuple[launcher.LaunchOutcome, str, str]:
@@ -281,6 +300,12 @@ class Starter:
                 self._fall_back(str(e))
         marker = launcher.new_marker()
         mark(marker)
+        if self.spec.hosts:  # one agent per host through the user's node_command
+            outcome = hosts.launch_worker(
+                folder, plan, hosts=self.spec.hosts, node_command=self.spec.node_command, base_env=self.base_env,
+                config_env=config_env, extra_env=extra_env, nproc=self.run["nproc_per_node"],
+                nnodes=self.spec.nnodes, rdzv_endpoint=self.spec.rdzv_endpoint, deadline_s=deadline_s, marker=marker)
+            return outcome, marker, "torchrun"
         outcome, marker = launcher.launch_worker(
             folder, plan, base_env=self.base_env, config_env=config_env, extra_env=extra_env,
             nproc=self.run["nproc_per_node"], nnodes=self.spec.nnodes, rdzv_endpoint=self.spec.rdzv_endpoint,
@@ -296,7 +321,7 @@ class Starter:
                    "this and every later launch of the run use a fresh torchrun")
         self.run.setdefault("warnings", []).append(warning)
         if self.on_plan:
-            self.on_plan(StagePlan("warning", 0, None, _fit([f"commdiag: warning: {warning}"])))
+            self.on_plan(stages.StagePlan("warning", 0, None, stages.fit([f"commdiag: warning: {warning}"])))
 
     def close(self) -> None:
         if self.pool is not None:
@@ -319,114 +344,72 @@ def _nvml_fingerprint(spec: Spec) -> dict:
         return {"nvml_readings_error": f"{e.__class__.__name__}: {str(e)[:200]}"}
 
 
-@dataclass(frozen=True)
-class StagePlan:
-    """What the CLI prints before launches start: stage 2's claims and cost, or --certify-sizes' cost."""
-
-    kind: str  # confirm | certify-sizes
-    launches: int
-    est_s: float | None
-    lines: tuple[str, ...]
-
-
 def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: Path | None = None,
               env: dict[str, str] | None = None,
               on_progress: Callable[[Progress], None] | None = None,
-              on_plan: Callable[[StagePlan], None] | None = None,
-              confirm: bool = True, certify_sizes: bool = False,
+              on_plan: Callable[[stages.StagePlan], None] | None = None,
+              confirm: bool = True, certify_sizes: bool = False, explain: bool = False, publish: bool = True,
               sampler: machinestate.Sampler | None = None) -> SweepResult:
     """Run every pending launch of a new run (``spec``) or of an interrupted one (``resume``): stage 1
     (the interleaved trials), then, unless ``confirm`` is False, stage 2 (verdict.py: fresh rounds of
     default and the screening's candidates).  Both stages' launches live in run.json, so Ctrl-C and
     --resume work across them.  ``sampler``: what reads the machine's state around each launch
-    (machinestate.py; default NVML for nccl runs, nothing for gloo)."""
+    (machinestate.py; default NVML for nccl runs, nothing for gloo).  A complete run is then explained
+    (``explain``: explain.py) and published (``publish``: verdicts, report.html, profiles; the result's
+    ``published``), as ``commdiag sweep`` does."""
     base_env = dict(os.environ if env is None else env)
     if resume is not None:
         run_dir = Path(resume)
-        run = results.load_run_json(run_dir)
-        spec = Spec.from_json(run["spec"])
+        spec = Spec.from_json(results.load_run_json(run_dir)["spec"])
         _check_reuse(spec, base_env)
         preflight(spec)
-        run["state"] = "running"
+        new = None
     else:
         assert spec is not None
         _check_reuse(spec, base_env)
+        _check_seed(spec)
         if confirm:
-            _check_confirm_rounds(spec, certify_sizes)
+            stages.check_confirm_rounds(spec, certify_sizes)
         nproc = preflight(spec)
         if certify_sizes:
-            spec, plan = _certify_sizes_plan(spec)
+            spec, plan = stages.certify_sizes_plan(spec)
             if on_plan:
                 on_plan(plan)
         run_dir = Path(run_dir) if run_dir else default_run_dir(spec)
-        if (run_dir / "run.json").exists():
-            raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
-        runlock.check_folder(run_dir)  # before anything is made: no folder left behind a user's link
-        atomic.make_dirs(run_dir)  # the one writer: never through a link
-        with runlock.hold(run_dir):  # checked again under the lock: two sweeps may race for one --out
-            if (run_dir / "run.json").exists():
-                raise CommdiagError(f"{run_dir}: already holds a run; use --resume {run_dir} or another --out")
+
+        def new() -> dict:
             run = new_run(spec, run_dir, nproc)
             run["confirm_requested"] = bool(confirm)
             if certify_sizes:
                 run["certify_sizes"] = {"trials": spec.trials}
                 # its per-size claims are tested on stage 1 itself, every config in every trial
                 run["racing"] = {"enabled": False, "looks": [], "note": "off with --certify-sizes"}
-            results.save_run(run_dir, run)
-            return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
-    with runlock.hold(run_dir):
-        run = results.load_run_json(run_dir)  # read again under the lock: what the last holder left
-        run["state"] = "running"
-        _reap(run, run_dir)
-        return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
-
-
-def _spec_families(spec: Spec) -> tuple[int, int, str]:
-    """(fewest, most) claims stage 2 of ``spec`` can make, and the sidedness of the fewest: every named
-    config (confirm.configs) in every band with sizes, two-sided; a screening candidate per band."""
-    from ..analyse.screening import in_band
-
-    bands = sum(1 for rng in spec.bands.values() if any(in_band(s.tokens, rng) for s in spec.sizes))
-    named = len(spec.confirm_configs)
-    unnamed = len(spec.configs) - 1 - named
-    most = bands * (named + (1 if unnamed > 0 else 0))
-    return (bands * named, most, TWO_SIDED) if named else (min(1, most), most, LESS)
-
-
-def _check_confirm_rounds(spec: Spec, certify_sizes: bool) -> None:
-    """Before any launch: a fixed confirm.rounds that cannot certify even the spec's fewest claims is refused."""
-    if not spec.confirm_rounds:
-        return
-    fewest, _, alt = _spec_families(spec)
-    if not fewest:
-        return
-    thr = (stats.ALPHA / 2 if certify_sizes else stats.ALPHA) / fewest
-    if paired.smallest_p(spec.confirm_rounds, alt) > thr:
-        from ..errors import SpecError
-
-        raise SpecError(spec.path, "confirm.rounds",
-                        f"not certifiable with this plan: {spec.confirm_rounds} rounds give the paired within-round "
-                        f"test a smallest p of {paired.smallest_p(spec.confirm_rounds, alt):.2g}, and this spec's "
-                        f"{fewest} claim(s) each need p <= {thr:.2g}; set confirm.rounds: "
-                        f"{paired.rounds_to_reach(thr, alt)} (or auto), or run with --no-confirm for screening only")
+            return run
+    with runner.opened(run_dir, load=results.load_run_json, save=results.save_run, new=new) as folder:
+        _reap_slurm(folder.run)
+        res = _run_stages(spec, folder, base_env, on_progress, on_plan, sampler)
+    return _publish(res, base_env, explain, publish)
 
 
 def run_confirm(run_dir: Path, *, rounds: int | None = None, env: dict[str, str] | None = None,
                 on_progress: Callable[[Progress], None] | None = None,
-                on_plan: Callable[[StagePlan], None] | None = None,
+                on_plan: Callable[[stages.StagePlan], None] | None = None, publish: bool = True,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
     """``commdiag confirm RUN_DIR [--rounds K]``: run stage 2 on a screened run, finish an interrupted one,
-    or extend a confirmed one by K rounds (a further look, tested at a halved threshold: certify.py)."""
-    with runlock.hold(run_dir):
-        return _confirm_locked(Path(run_dir), rounds, env, on_progress, on_plan, sampler)
+    or extend a confirmed one by K rounds (a further look, at half of what the earlier looks left: certify.py)."""
+    base_env = dict(os.environ if env is None else env)
+    with runner.opened(run_dir, load=results.load_run_json, save=results.save_run) as folder:
+        _reap_slurm(folder.run)
+        _confirm_plan(folder, rounds, base_env, on_plan)
+        res = _run_stages(Spec.from_json(folder.run["spec"]), folder, base_env, on_progress, on_plan, sampler)
+    return _publish(res, base_env, False, publish)
 
 
-def _reap(run: dict, run_dir: Path) -> None:
-    """Before a resume reruns a launch: end what a killed commdiag left running (by launch marker)."""
-    ended = runlock.reap_orphans(run)
+def _reap_slurm(run: dict) -> None:
+    """launch: slurm, before a resume reruns a launch: the launches' ranks ran on the allocation's nodes,
+    so end what a killed commdiag left there too (runner.opened ended what it left on this node)."""
     record = run.get("launch", {})
     if record.get("method") == "slurm" and slurm.in_allocation():
-        # the launches' ranks ran on the allocation's nodes: end what a killed commdiag left there too
         alloc = slurm.allocation()
         pending = {l.get("marker") for l in run["launches"] if l.get("status") == results.PENDING}
         for marker in sorted(m for m in pending if m):
@@ -435,16 +418,31 @@ def _reap(run: dict, run_dir: Path) -> None:
             if found:
                 run.setdefault("warnings", []).append(
                     f"ended {found} process(es) of launch marker {marker[:12]} left on the allocation's nodes")
-    if ended:
-        run.setdefault("warnings", []).append(
-            f"ended {len(ended)} process(es) left running by an earlier commdiag in {run_dir} (pids "
-            f"{', '.join(map(str, ended))})")
+    if record.get("hosts") and run["spec"].get("hosts"):  # the agents ran on the spec's hosts
+        found = hosts.reap_pending(run, dict(os.environ))
+        if found:
+            run.setdefault("warnings", []).append(f"ended {found} process(es) left on the hosts by an earlier commdiag")
 
 
-def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -> SweepResult:
-    base_env = dict(os.environ if env is None else env)
-    run = results.load_run_json(run_dir)
-    _reap(run, run_dir)
+def _publish(res: SweepResult, base_env: dict, explain: bool, publish: bool) -> SweepResult:
+    """A complete run's end, as the CLI shows it: explained (with ``explain``), then its verdicts,
+    report.html and profiles written (analyse/report.publish); an interrupted run has none of them."""
+    if res.state != "complete":
+        return res
+    if explain:
+        from . import explain as explain_mod
+
+        explain_mod.run_explain(res.run_dir, env=base_env)
+    if not publish:
+        return res
+    from ..analyse import report
+
+    return dataclasses.replace(res, published=report.publish(res.run_dir))
+
+
+def _confirm_plan(folder: runner.Folder, rounds, base_env: dict, on_plan) -> None:
+    """Before stage 2's launches: refuse what cannot run, and plan a first or a further look."""
+    run_dir, run = folder.path, folder.run
     spec = Spec.from_json(run["spec"])
     if any(l["status"] == results.PENDING and int(l.get("stage", 1)) == 1 for l in run["launches"]):
         raise CommdiagError(f"{run_dir}: stage 1 (screening) is unfinished; finish it first: "
@@ -457,190 +455,58 @@ def _confirm_locked(run_dir: Path, rounds, env, on_progress, on_plan, sampler) -
     if plan and not pending2:
         if not plan.get("claims"):
             raise CommdiagError(f"{run_dir}: stage 2 has no claims to extend (screening found no candidate)")
-        _check_further_look(run_dir, plan, rounds)
+        stages.check_further_look(run_dir, plan, rounds)
         kept = [l for l in run["launches"] if l.get("status") in (results.OK, results.TIMEOUT)
                 and not (results.launch_dir(run_dir, l["index"]) / "result.json").is_file()]
         if kept:  # samples.csv is rebuilt from the launch folders: extending would lose these launches
             raise CommdiagError(f"{run_dir}: {len(kept)} finished launch(es) have no launches/NNNN/result.json "
                                 f"(launch {kept[0]['index']} first): this run folder cannot be extended without "
                                 "losing their samples; run the spec afresh instead")
-        if plan.get("test") != certify.PAIRED_TEST:  # confirmed before the paired test: judged the paired way now
-            plan.update(version=certify.CONFIRMATION_VERSION, test=certify.PAIRED_TEST,
-                        upgraded_from=plan.get("version", 1))
-        certify.add_look(plan, rounds, launcher.utc_now())
-        _add_rounds(run, plan, spec, rounds)
+        text = stages.further_look(spec, run, plan, rounds, launcher.utc_now())
         if on_plan:
-            on_plan(_confirm_plan_text(run, plan, rounds))
+            on_plan(text)
     elif plan is None:
         run["confirm_rounds_override"] = rounds
     elif rounds is not None:
         raise CommdiagError(f"{run_dir}: stage 2 is unfinished; finish it first (commdiag confirm {run_dir}, without "
                             "--rounds), then extend it")
-    run["state"] = "running"
-    results.save_run(run_dir, run)
-    return _run_stages(spec, run, run_dir, base_env, on_progress, on_plan, sampler)
 
 
-def _run_stages(spec: Spec, run: dict, run_dir: Path, base_env: dict, on_progress, on_plan,
+def _run_stages(spec: Spec, folder: runner.Folder, base_env: dict, on_progress, on_plan,
                 sampler: machinestate.Sampler | None = None) -> SweepResult:
-    procs.take_back_sigint()  # the sweep's interrupt-and-resume needs Ctrl-C
+    run, run_dir = folder.run, folder.path
+    run["state"] = "running"
+    folder.save()
     configs = {c["name"]: c for c in run["configs"]}
     run.setdefault("launch", _launch_record(spec))  # a run stored before launch methods: torchrun
-    if on_plan and any(l["status"] == results.PENDING for l in run["launches"]):
-        on_plan(_start_banner(spec, run, run_dir))
-    own_sampler = sampler is None
-    sampler = sampler or machinestate.open_sampler(spec.backend)
-    starter = Starter(spec, run, run_dir, base_env, on_plan)
-    try:
-        run["machine_state"] = sampler.describe()  # once per run: what is read, or why nothing is
-        interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler, starter)
-        if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
-            plan = _plan_stage2(spec, run, run_dir, run.pop("confirm_rounds_override", None) or spec.confirm_rounds)
-            results.save_run(run_dir, run)
-            if on_plan:
-                on_plan(plan)
-            interrupted = _run_pending(spec, run, run_dir, configs, base_env, on_progress, sampler, starter)
-        run["machine_state"] = sampler.describe()  # says so if NVML stopped answering mid-run
-    finally:
-        starter.close()
-        if own_sampler:
-            try:
-                sampler.close()  # waits for a reading thread still inside NVML (at most a few seconds)
-            except KeyboardInterrupt:  # a second Ctrl-C meanwhile: the run is still saved, resumable
-                interrupted = True
-    run["state"] = "interrupted" if interrupted else "complete"
-    run["finished_utc"] = None if interrupted else launcher.utc_now()
-    results.save_run(run_dir, run)
+    if on_plan and folder.pending():
+        on_plan(stages.start_banner(spec, run, run_dir))
+
+    def pending(starter: Starter) -> bool:
+        return folder.run_pending(lambda batch: _one_process(spec, folder, batch, configs, base_env, sampler, starter),
+                                  keys=LAUNCH_KEYS, on_progress=on_progress,
+                                  batches=lambda p: process_batches(p, configs, spec.reuse_process),
+                                  after=lambda batch: _race(spec, run, run_dir, on_plan),
+                                  eta=lambda left: _eta(spec, run, left))
+
+    with folder.watching(sampler, spec.backend) as sampler:
+        starter = Starter(spec, run, run_dir, base_env, on_plan)
+        try:
+            interrupted = pending(starter)
+            if not interrupted and run.get("confirm_requested", True) and run.get("confirmation") is None:
+                samples, summary = results.assemble(run_dir, run)  # the tables just built, not read back from disk
+                scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
+                plan = stages.plan_stage2(spec, run, scr, run.pop("confirm_rounds_override", None) or spec.confirm_rounds,
+                                          launcher.utc_now())
+                folder.save()
+                if on_plan:
+                    on_plan(plan)
+                pending(starter)
+        finally:
+            starter.close()
+    res = folder.finish()
     results.assemble(run_dir, run)
-    counts: dict[str, int] = {}
-    for l in run["launches"]:
-        counts[l["status"]] = counts.get(l["status"], 0) + 1
-    return SweepResult(run_dir, run["state"], counts, tuple(run.get("warnings", ())))
-
-
-def _start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
-    """The first thing a sweep prints: where it writes, how many launches, about how long."""
-    pending = [l for l in run["launches"] if l["status"] == results.PENDING]
-    stage1 = sum(1 for l in pending if int(l.get("stage", 1)) == 1)
-    later = run.get("confirm_requested", True) and run.get("confirmation") is None
-    most = stage2_at_most(spec) if later else 0
-    then = (f"; then stage 2 (confirmation; its plan is printed when screening ends): at most {most} launches"
-            if later else "")
-    cost = eta.measured(run) or eta.recorded(spec, run.get("launch", {}).get("method") or launch_method(spec)[0])
-    est = eta.remaining_s(spec, run, cost, pending, most)
-    line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
-            + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials"
-               + ("; racing may drop clear losers" if (run.get("racing") or {}).get("enabled") else "") + ")"
-               if stage1 else "") + then)
-    lines = [line, f"  expected: {_minutes(est)} in all" + (" at most" if most else "") + f" ({cost.note})"
-             if est is not None else f"  expected: from the first launch on ({cost.note})"]
-    how = run.get("launch", {})
-    if how.get("method"):
-        lines.append(f"  launch: {how['method']}" + (f" ({how['note']})" if how.get("note") else "")
-                     + (f"; fell back earlier in this run: {how['fallback']}" if how.get("fallback") else ""))
-    if spec.confirm_rounds and then:
-        _, most, _ = _spec_families(spec)
-        thr = (stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA) / max(most, 1)
-        if most and paired.smallest_p(spec.confirm_rounds, TWO_SIDED if spec.confirm_configs else LESS) > thr:
-            lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
-                         f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
-                         "the rounds every claim needs)")
-    return StagePlan("start", len(pending), est, _fit(lines))
-
-
-def _minutes(seconds: float) -> str:
-    return f"about {seconds / 60:.1f} min" if seconds >= 90 else f"about {seconds:.0f} s"
-
-
-def stage2_at_most(spec: Spec) -> int:
-    """The most stage-2 launches a sweep of ``spec`` can plan, known before screening: every band adds a
-    screening candidate besides confirm.configs, each round runs default and every claimed config."""
-    fewest, most, _ = _spec_families(spec)
-    if not most:
-        return 0
-    alt = TWO_SIDED if spec.confirm_configs else LESS
-    rounds = spec.confirm_rounds or paired.rounds_to_reach(stats.ALPHA / most, alt)
-    bands = sum(1 for rng in spec.bands.values() if any(screening.in_band(s.tokens, rng) for s in spec.sizes))
-    unnamed = len(spec.configs) - 1 - len(spec.confirm_configs)
-    return rounds * (1 + len(spec.confirm_configs) + min(bands, max(unnamed, 0)))
-
-
-def dry_run(spec: Spec) -> StagePlan:
-    """``commdiag sweep SPEC --dry-run``: the plan (launches per stage, at most how many stage-2 rounds) and
-    its expected wall time from recorded components (eta.py), without launching anything."""
-    how, why = launch_method(spec)
-    cost = eta.recorded(spec, how)
-    n1 = len(spec.configs) * spec.trials
-    most = stage2_at_most(spec)
-    fewest, claims, alt = _spec_families(spec)
-    rounds = (spec.confirm_rounds or paired.rounds_to_reach(stats.ALPHA / claims, TWO_SIDED if spec.confirm_configs
-                                                            else LESS)) if claims else 0
-    one1 = cost.launch_s()
-    one2 = cost.launch_s(eta.stage2_graph_share(spec))
-    lines = [f"plan for {spec.path} (nothing is launched):",
-             f"  launch: {how}" + (f" ({why})" if why else ""),
-             f"  stage 1 (screening): {len(spec.configs)} configs x {spec.trials} trials = {n1} launches"
-             + (f", {len(spec.sizes)} sizes x {eta.series(spec)} series each" if spec.sizes else "")
-             + ("; racing stops launching configs that lose clearly after each trial (fewer launches)"
-                if spec.racing else "")]
-    if most:
-        lines.append(f"  stage 2 (confirmation): at most {rounds} rounds x {most // max(rounds, 1)} configs = {most} "
-                     f"launches (up to {claims} claim(s); fewer when screening nominates fewer configs)")
-    else:
-        lines.append("  stage 2 (confirmation): none (no config besides default)")
-    if one1 is None:
-        lines.append(f"  expected: start-up {cost.startup_s * (n1 + most) / 60:.1f} min for {n1 + most} launches, "
-                     f"plus measuring, known from the first launch ({cost.note})")
-        est = None
-    else:
-        est = eta.SERVER_START_S.get(spec.backend, 0.0) * (how == "forkserver") + n1 * one1 + most * one2
-        lines.append(f"  expected: {_minutes(est)} at most: {n1} x {one1:.1f} s + {most} x {one2:.1f} s "
-                     f"(stage 2 times one series)" + (" + the launch servers' start" if how == "forkserver" else ""))
-        lines.append(f"    {cost.note}")
-    return StagePlan("dry-run", n1 + most, est, _fit(lines))
-
-
-def _run_pending(spec: Spec, run: dict, run_dir: Path, configs: dict, base_env: dict, on_progress,
-                 sampler: machinestate.Sampler, starter: Starter) -> bool:
-    """Run every pending launch in order; True when interrupted (the launch in flight is pending again)."""
-    pending = [l for l in run["launches"] if l["status"] == results.PENDING]
-    done_walls: list[float] = []
-    done = 0
-    for batch in process_batches(pending, configs, spec.reuse_process):
-        batch = [l for l in batch if l["status"] == results.PENDING]  # racing dropped the rest
-        if not batch:
-            continue
-        try:
-            outcome = _one_process(spec, run, run_dir, batch, configs, base_env, sampler, starter)
-        except KeyboardInterrupt:  # outside the supervised wait: the launch has no result yet
-            outcome = launcher.LaunchOutcome(None, False, 0.0, 0, interrupted=True)
-        if outcome.interrupted:
-            for launch in batch:
-                if launch.get("marker"):  # whatever it had started ends with it (Ctrl-C mid-start)
-                    launcher.kill_marked(launch["marker"])
-                for key in list(launch):
-                    if key not in LAUNCH_KEYS:
-                        launch.pop(key)
-                launch["status"] = results.PENDING
-            results.save_run(run_dir, run)
-            return True
-        try:
-            done_walls.append(outcome.wall_s / len(batch))
-            drops = race(spec, run, run_dir)
-            if drops and starter.on_plan:
-                starter.on_plan(StagePlan("racing", 0, None, _fit(
-                    [f"racing: {d['config']} {d['reason']}" for d in drops])))
-            results.save_run(run_dir, run)
-            remaining = sum(1 for l in pending if l["status"] == results.PENDING)  # dropped ones are not
-            for i, launch in enumerate(batch):
-                done += 1
-                if on_progress:
-                    left = remaining + len(batch) - 1 - i
-                    on_progress(Progress(done, done + left, launch, _eta(spec, run, pending, [])))
-        except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
-            results.save_run(run_dir, run)
-            return True
-    return False
+    return res
 
 
 def race(spec: Spec, run: dict, run_dir: Path) -> list[dict]:
@@ -669,171 +535,28 @@ def race(spec: Spec, run: dict, run_dir: Path) -> list[dict]:
     return [d.to_json() for d in drops]
 
 
-def _eta(spec: Spec, run: dict, pending: list[dict], rest_of_batch: list[dict]) -> float | None:
+def _race(spec: Spec, run: dict, run_dir: Path, on_plan) -> None:
+    """The pending loop's hook after each batch (runner.Folder.run_pending ``after``): race, and say so."""
+    drops = race(spec, run, run_dir)
+    if drops and on_plan:
+        on_plan(stages.StagePlan("racing", 0, None, stages.fit([f"racing: {d['config']} {d['reason']}"
+                                                                 for d in drops])))
+
+
+def _eta(spec: Spec, run: dict, left: list[dict]) -> float | None:
     """The progress line's ETA: this run's measured cost (eta.py: the servers' start left out) for what is left."""
     cost = eta.measured(run)
-    if cost is None:
-        return None
-    left = [l for l in pending if l["status"] == results.PENDING] + rest_of_batch
-    return eta.remaining_s(spec, run, cost, left)
+    return None if cost is None else eta.remaining_s(spec, run, cost, left)
+
+
+def dry_run(spec: Spec) -> stages.StagePlan:
+    """``commdiag sweep SPEC --dry-run``: the plan and its expected time (stages.dry_run), launching nothing."""
+    return stages.dry_run(spec, *launch_method(spec))
 
 
 # What a pending launch keeps when it is reset: its identity and place in the plan.
 LAUNCH_KEYS = ("index", "config", "trial", "stage", "round", "marker")
 
-
-def _mean_wall(run: dict) -> float | None:
-    walls = [l["wall_s"] for l in run["launches"] if l.get("wall_s")]
-    return sum(walls) / len(walls) if walls else None
-
-
-def _plan_stage2(spec: Spec, run: dict, run_dir: Path, rounds: int | None) -> StagePlan:
-    """Screen stage 1, record the confirmation plan in run.json and append its pending launches."""
-    samples, summary = results.assemble(run_dir, run)  # the tables just built, not read back from disk
-    scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
-    claims = certify.plan_claims(scr, spec.confirm_configs)
-    stage1 = sum(1 for l in run["launches"] if int(l.get("stage", 1)) == 1)
-    alpha = stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA  # --certify-sizes spends the other half
-    plan = certify.confirmation_plan(claims, rounds, stage1, launcher.utc_now(), alpha)
-    plan["measure"] = _stage2_measure(spec, claims, scr.band_sizes)
-    run["confirmation"] = plan
-    run["version"] = results.RUN_FORMAT_VERSION
-    k2 = plan["looks"][0]["rounds"]
-    if claims:
-        _add_rounds(run, plan, spec, k2)
-    return _confirm_plan_text(run, plan, k2)
-
-
-def _stage2_measure(spec: Spec, claims, band_sizes: dict) -> dict:
-    """The worker plan of a stage-2 launch: only the claims' series (graph via torch, graph-direct via
-    nccl-direct, ...), at every band's sizes (a winner's ratio in the other bands decides profile.env);
-    a stage-2 launch then costs little more than its start."""
-    series = [results.label_series(c.mode, spec.vias) for c in claims]
-    modes = sorted({m for m, _ in series}, key=list(spec.modes).index)
-    vias = sorted({v for _, v in series}, key=list(spec.vias).index)
-    sizes = sorted({s for sizes in band_sizes.values() for s in sizes} | {c.size_bytes for c in claims
-                                                                         if c.size_bytes is not None})
-    return {"modes": modes, "vias": vias, "sizes": sizes or [s.bytes for s in spec.sizes]}
-
-
-def _check_further_look(run_dir: Path, plan: dict, rounds: int | None) -> None:
-    """Before any launch of a further look: refuse one whose rounds in all cannot reach its threshold."""
-    claims = certify.claims_of(plan)
-    total = certify.total_rounds(plan)
-    thr = certify.next_threshold(plan)
-    need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
-    least = min(paired.rounds_to_reach(thr, c.alternative) for c in claims)
-    if rounds is None:
-        if certify.unreachable(plan) == claims:
-            raise CommdiagError(f"{run_dir}: not certifiable with this plan ({total} rounds); give --rounds "
-                                f"{max(1, need - total)} to add the rounds the paired test needs "
-                                f"(p <= {thr:.2g})")
-        raise CommdiagError(f"{run_dir}: already confirmed ({len(plan['looks'])} look(s)); give --rounds K to "
-                            "extend it: a further look is tested at half the previous threshold")
-    if total + rounds < least:
-        raise CommdiagError(f"{run_dir}: --rounds {rounds}: with {total + rounds} rounds in all the paired "
-                            f"within-round test cannot reach this look's p <= {thr:.2g} for any claim "
-                            f"(smallest p: {paired.smallest_p(total + rounds, claims[0].alternative):.2g}); "
-                            f"--rounds {least - total} can" + (f" ({need - total} for every claim)"
-                                                               if need > least else ""))
-
-
-def _confirm_plan_text(run: dict, plan: dict, rounds: int) -> StagePlan:
-    claims = certify.claims_of(plan)
-    if not claims:
-        return StagePlan("confirm", 0, 0.0, ("stage 2: nothing to confirm (screening found no config at least 3% "
-                                              "faster than default in any band, and the spec names no "
-                                              "confirm.configs): keep NCCL defaults",))
-    n = rounds * len(plan["configs"])
-    wall = _mean_wall(run)
-    look = plan["looks"][-1]
-    thr, total = look["threshold"], certify.total_rounds(plan)
-    cannot = certify.unreachable(plan)
-    lines = []
-    if len(cannot) == len(claims):
-        need = max(paired.rounds_to_reach(thr, c.alternative) for c in claims)
-        asked = total or plan.get("rounds_requested") or 0  # a first look that launched nothing: what was asked
-        lines.append(f"stage 2 (confirmation, look {look['look']}): not certifiable with this plan: {asked} rounds "
-                     f"cannot reach p <= {thr:.2g} for any of its {len(claims)} claim(s) (smallest p of the paired "
-                     f"test with {asked} rounds: {paired.smallest_p(asked, cannot[0].alternative):.2g}); nothing "
-                     f"is launched. {need} rounds can: confirm.rounds: auto in the spec, or commdiag confirm "
-                     f"RUN_DIR --rounds {max(1, need - total)}")
-    else:
-        lines.append(f"stage 2 (confirmation, look {look['look']}): {rounds} fresh rounds x {len(plan['configs'])} "
-                     f"configs = {n} launches" + (f", at most about {n * wall / 60:.1f} min ({wall:.1f} s a stage-1 "
-                                                   "launch; stage 2 measures less)" if wall else "")
-                     + f"; {len(claims)} claim(s), each must reach p <= {thr:.2g}")
-        lines.append("  " + _why_rounds(claims, total, thr))
-        if cannot:
-            need = max(paired.rounds_to_reach(thr, c.alternative) for c in cannot)
-            lines.append(f"  not certifiable with this plan: {', '.join(sorted({c.config for c in cannot}))} "
-                         f"(tested either way) would need {need} rounds; not launched")
-    if look["look"] > 1:
-        spent = len(claims) * sum(lk["threshold"] for i, lk in enumerate(plan["looks"])
-                                  if certify.look_spent(plan, i + 1))
-        lines.append(f"  a further look at the same claims: the run's family-wise error rate is now at most "
-                     f"{spent:.2%} (each look that could certify spends its threshold x {len(claims)} claims)")
-    for c in claims:
-        scr = "" if c.screening_ratio is None else f" (screening ratio {c.screening_ratio:.3f})"
-        lines.append(f"  claim: {c.config} {'faster' if c.alternative == 'less' else 'faster or slower'} than "
-                     f"default in {c.where}, {c.mode} mode{scr} [{c.reason}]")
-    return StagePlan("confirm", n, n * wall if wall else None, _fit(lines))
-
-
-def _fit(lines) -> tuple[str, ...]:
-    """Plan lines within 100 columns (linewrap.py)."""
-    return tuple(out for line in lines for out in linewrap.fit_line(line))
-
-
-def _why_rounds(claims, total: int, thr: float) -> str:
-    """Why this many rounds: the paired test's smallest p with k rounds is 1/2^k (2/2^k two-sided)."""
-    alt = TWO_SIDED if any(c.alternative == TWO_SIDED for c in claims) else LESS
-    k = paired.rounds_to_reach(thr, alt)
-    num = "2" if alt == TWO_SIDED else "1"
-    why = (f"why {total} rounds: the paired within-round test's smallest p with k rounds is {num}/2^k "
-           f"({'two-sided' if alt == TWO_SIDED else 'one-sided'} claims); {num}/2^{k} = "
-           f"{paired.smallest_p(k, alt):.2g} <= {thr:.2g}")
-    if k > 1:
-        why += f", {num}/2^{k - 1} = {paired.smallest_p(k - 1, alt):.2g} is not"
-    if total > k:
-        why += f"; {total} rounds leave room for {total - k} rounds of opposite sign or small ranks"
-    return why
-
-
-
-
-def _add_rounds(run: dict, plan: dict, spec: Spec, rounds: int) -> None:
-    """Append ``rounds`` rounds of pending stage-2 launches: default + every claimed config, shuffled."""
-    done_rounds = sum(lk["rounds"] for lk in plan["looks"][:-1])
-    rng = random.Random(f"{run['seed']}-confirm-{len(plan['looks'])}")
-    for r in range(done_rounds, done_rounds + rounds):
-        names = list(plan["configs"])
-        rng.shuffle(names)
-        for n in names:
-            run["launches"].append({"index": len(run["launches"]), "config": n, "trial": spec.trials + r,
-                                    "stage": 2, "round": r, "status": results.PENDING})
-
-
-# Launches a 1-2 token all-reduce launch takes, for cost estimates before any launch (recorded: 2x H200
-# 12-17 s with both call paths, CPU gloo 2-4 s).
-EST_LAUNCH_S = {"nccl": 15.0, "gloo": 3.0}
-
-
-def _certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
-    """--certify-sizes: enough trials for a one-stage exact test of every config x size (primary mode),
-    paired by trial (certify.certify_sizes)."""
-    m, floor = certify.size_claims_needed(len(spec.configs) - 1, len(spec.sizes), stats.ALPHA / 2)
-    k = floor + certify.SIZES_SPARE_TRIALS
-    if spec.trials < k:
-        spec = dataclasses.replace(spec, trials=k)
-    n = spec.trials * len(spec.configs)
-    est = n * EST_LAUNCH_S.get(spec.backend, 15.0)
-    return spec, StagePlan("certify-sizes", n, est, (
-        f"per-size certification: {len(spec.configs) - 1} configs x {len(spec.sizes)} sizes = {m} claims, each must "
-        f"reach p <= {stats.ALPHA / 2 / m:.2g} (half the run's 1%; stage 2's band claims get the other half), paired by trial: {spec.trials} trials "
-        f"(launches per config; {floor} reach it only if every one is complete and of one sign, so "
-        f"{certify.SIZES_SPARE_TRIALS} spare take a failed launch), {n} launches in stage 1 "
-        f"(about {est / 60:.0f} min at ~{EST_LAUNCH_S.get(spec.backend, 15.0):.0f} s a launch)",))
 
 
 def _check_reuse(spec: Spec, base_env: dict) -> None:
@@ -845,26 +568,48 @@ def _check_reuse(spec: Spec, base_env: dict) -> None:
 
 def process_batches(launches: list[dict], configs: dict[str, dict], reuse: bool) -> list[list[dict]]:
     """The launches each torchrun process runs, in launch order: one each (the default), or with
-    reuse_process every launch of one trial round whose configs differ only in PER_COMMUNICATOR
-    variables (each then gets its own communicators inside the shared process)."""
+    reuse_process every launch of one trial round, when all its configs, default included, differ only
+    in PER_COMMUNICATOR variables (each then gets its own communicators inside the shared process).
+
+    All or none: a round whose configs cannot all share one process runs every launch in its own.
+    Batching only some would put a config that sets anything else first in a fresh process every time,
+    while default is first only sometimes: a first-run-in-a-process effect (the first communicator and
+    kernels) would then be the config's, and a twin was certified in 8.8-63% of simulated runs.  In one
+    shared process the round's shuffled order decides who runs first, a fair coin as the test needs."""
     if not reuse:
         return [[l] for l in launches]
     batches: list[list[dict]] = []
-    by_key: dict[tuple, list[dict]] = {}
+    by_trial: dict[int, list[dict]] = {}
     for l in launches:
-        fixed = tuple(sorted((k, v) for k, v in configs[l["config"]]["env"].items() if k not in PER_COMMUNICATOR))
-        key = (l["trial"], fixed)
-        if key not in by_key:
-            by_key[key] = []
-            batches.append(by_key[key])
-        by_key[key].append(l)
-    return batches
+        if l["trial"] not in by_trial:
+            by_trial[l["trial"]] = []
+            batches.append(by_trial[l["trial"]])
+        by_trial[l["trial"]].append(l)
+    out: list[list[dict]] = []
+    for batch in batches:
+        if len({process_key(configs[l["config"]]["env"]) for l in batch}) == 1:
+            out.append(batch)
+        else:
+            out += [[l] for l in batch]
+    return out
 
 
-def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], configs: dict[str, dict],
-                 base_env: dict, sampler: machinestate.Sampler, starter: "Starter") -> launcher.LaunchOutcome:
+def process_key(env: dict) -> tuple:
+    """What a shared process fixes: every variable but PER_COMMUNICATOR."""
+    return tuple(sorted((k, v) for k, v in env.items() if k not in PER_COMMUNICATOR))
+
+
+def reuse_shared(spec: Spec) -> bool:
+    """Can reuse_process share anything: do all configs, default included, differ only in PER_COMMUNICATOR?"""
+    return len({process_key(c.env) for c in spec.configs}) == 1
+
+
+def _one_process(spec: Spec, run_folder: runner.Folder, batch: list[dict], configs: dict[str, dict],
+                 base_env: dict, sampler: machinestate.Sampler, starter: "Starter") -> float:
     """One launch's processes for ``batch`` (one launch, or several with reuse_process); record each,
-    with the machine's state around it (the same for every launch of a shared process)."""
+    with the machine's state around it (the same for every launch of a shared process); the process's
+    wall seconds (KeyboardInterrupt: interrupted, its processes ended)."""
+    run, run_dir = run_folder.run, run_folder.path
     folders = []
     for launch in batch:
         folder = results.launch_dir(run_dir, launch["index"])
@@ -907,9 +652,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
 
     def mark(marker: str) -> None:
         current["marker"] = marker
-        for launch in batch:
-            launch["marker"] = marker
-        results.save_run(run_dir, run)
+        run_folder.mark(batch, marker)
 
     with sampler.watch(lambda pid: bool(current["marker"]) and launcher.carries_marker(pid, current["marker"])) as watch:
         outcome, marker, method = starter.launch(
@@ -917,7 +660,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
             deadline_s=spec.timeout_s * len(batch),
             rdzv_id=f"commdiag-{spec.name}-{run['seed']}-{first['index']}", mark=mark)
     if outcome.interrupted:
-        return outcome
+        raise KeyboardInterrupt
     machine = watch.record()
     found = [results.read_launch_result(run_dir, l["index"]) for l in batch]
     measured = sum(max(r.get("measure_s", 0.0) for r in res["ranks"]) for res in found if res)
@@ -940,7 +683,7 @@ def _one_process(spec: Spec, run: dict, run_dir: Path, batch: list[dict], config
                 _require_nccl_proof(launch, plan["runs"][n]["set_env"], result)
         if spec.backend == "nccl" and result and launch["status"] == results.OK:
             _require_tuner_proof(launch, {**base_env, **configs[launch["config"]]["env"]}, result)
-    return outcome
+    return outcome.wall_s
 
 
 def _require_nccl_proof(launch: dict, set_env: dict, result: dict) -> None:
@@ -1048,7 +791,8 @@ def _tail(folder: Path, max_ranks: int = 4) -> str:
         parts.append(f"--- {err.name} ---\n{_clip(err.read_text(errors='replace'), 0, TAIL_CHARS // 2)}")
     if len(errors) > max_ranks:
         parts.append(f"--- and {len(errors) - max_ranks} more rank*.error.txt in {folder} ---")
-    for name in ("torchrun.log", serverpool.LOG_NAME):  # a launch's log under either method
+    names = ["torchrun.log", *sorted(p.name for p in folder.glob("torchrun.node*.log")), serverpool.LOG_NAME]
+    for name in names:  # a launch's log under any method (hosts: commdiag's summary, then each agent's)
         log = folder / name
         if log.exists() and log.stat().st_size:
             parts.append(f"--- {name} ---\n{_clip(log.read_text(errors='replace'), TAIL_CHARS // 2, TAIL_CHARS)}")
