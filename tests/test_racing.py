@@ -160,6 +160,15 @@ def test_certify_sizes_runs_every_screening_launch(tmp_path, monkeypatch):
     spec_file = tmp_path / "s.yaml"
     spec_file.write_text("name: sizes\nbackend: gloo\nsizes: {hidden: 8, tokens: [1, 256]}\nconfigs: {b: {A: '1'}}\n")
     seen = {}
-    monkeypatch.setattr(sweep, "_run_stages", lambda spec, run, *a, **k: seen.update(run=run))
-    sweep.run_sweep(load_spec(spec_file), run_dir=tmp_path / "run", certify_sizes=True)
+
+    class Seen(Exception):
+        pass
+
+    def stop(spec, folder, *a, **k):
+        seen["run"] = folder.run
+        raise Seen
+
+    monkeypatch.setattr(sweep, "_run_stages", stop)
+    with pytest.raises(Seen):
+        sweep.run_sweep(load_spec(spec_file), run_dir=tmp_path / "run", certify_sizes=True)
     assert seen["run"]["racing"]["enabled"] is False and "certify-sizes" in seen["run"]["racing"]["note"]
