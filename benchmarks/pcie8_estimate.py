@@ -11,7 +11,7 @@ Components:
   A call on 8 PCIe GPUs is 30 us + bytes x 2(n-1)/n / busbw; busbw 10-25 GB/s is an assumption (no
   8-GPU PCIe box measured yet): the range it gives is printed;
 - launches: 81 screening (27 configs x 3 trials; racing only removes launches, so none are removed
-  here) and at most 55 stage-2 launches (11 rounds x 5 configs, `commdiag sweep sweeps/pcie8.yaml
+  here) and at most 70 stage-2 launches (14 rounds x 5 configs, `commdiag sweep sweeps/pcie8.yaml
   --dry-run`), each timing one series (graph via torch) at every size.
 """
 
@@ -35,13 +35,13 @@ def measure_s(busbw: float, budget_s: float | None, series: int = 4, iters: int 
 
 
 def main() -> None:
-    print("pcie8 on 8 PCIe GPUs: 81 screening launches + at most 55 stage-2 launches")
+    print("pcie8 on 8 PCIe GPUs: 81 screening launches + at most 70 stage-2 launches")
     for method in ("forkserver", "torchrun"):
         for budget in (0.25, None):
             mins = []
             for bw in (25e9, 10e9):
                 m1, m2 = measure_s(bw, budget), measure_s(bw, budget, series=1)
-                mins.append((81 * (STARTUP[method] + m1) + 55 * (STARTUP[method] + m2)) / 60)
+                mins.append((81 * (STARTUP[method] + m1) + 70 * (STARTUP[method] + m2)) / 60)
             print(f"  launch {method:10} time_per_size_ms {'250' if budget else 'null':4}: "
                   f"{mins[0]:.0f}-{mins[1]:.0f} min (busbw 25-10 GB/s; screening launch measuring "
                   f"{measure_s(25e9, budget):.1f}-{measure_s(10e9, budget):.1f} s)")

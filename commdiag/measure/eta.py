@@ -32,9 +32,9 @@ STARTUP_S = {("nccl", "forkserver"): 1.55, ("nccl", "torchrun"): 9.73,
 # 4.79 s against 1.55 s after it).
 SERVER_START_S = {"nccl": 3.2, "gloo": 1.0}
 # sweeps/pcie8.yaml on 8 PCIe GPUs as shipped (nccl: launch forkserver), from these components, the time
-# budget and the planned launches (benchmarks/pcie8_estimate.py; 38-43 min with launch: torchrun).  The
+# budget and the planned launches (benchmarks/pcie8_estimate.py; 41-47 min with launch: torchrun).  The
 # README, --help and the spec's comment quote it (tests/test_plan_eta.py).
-PCIE8_ESTIMATE = "19-25 min"
+PCIE8_ESTIMATE = "20-26 min"
 WARMUP_SHARE = 0.1  # warmup + calibration: 20 calls against a budget's worth (a 20 ms call: 0.4 s of 0.25 s + ...)
 
 

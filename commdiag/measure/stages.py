@@ -102,14 +102,28 @@ def stage2_at_most(spec: Spec) -> int:
     screening candidate besides confirm.configs, each round runs default and every claimed config."""
     from ..analyse.screening import in_band
 
-    _, most, _ = spec_families(spec)
-    if not most:
+    rounds = most_rounds(spec)
+    if not rounds:
         return 0
-    alt = TWO_SIDED if spec.confirm_configs else LESS
-    rounds = spec.confirm_rounds or paired.rounds_to_reach(stats.ALPHA / most, alt)
     bands = sum(1 for rng in spec.bands.values() if any(in_band(s.tokens, rng) for s in spec.sizes))
     unnamed = len(spec.configs) - 1 - len(spec.confirm_configs)
     return rounds * (1 + len(spec.confirm_configs) + min(bands, max(unnamed, 0)))
+
+
+def most_rounds(spec: Spec) -> int:
+    """Stage 2's rounds for the largest family ``spec`` can claim (certify.rounds_needed: floor + spares):
+    every confirm.configs config two-sided and one screening pick one-sided, in every band with sizes;
+    or confirm.rounds; 0 when nothing can be claimed."""
+    from ..analyse.screening import in_band
+
+    bands = [b for b, rng in spec.bands.items() if any(in_band(s.tokens, rng) for s in spec.sizes)]
+    unnamed = len(spec.configs) - 1 - len(spec.confirm_configs)
+    claims = [certify.Claim(c, "graph", b, None, TWO_SIDED, "confirm.configs", None)
+              for b in bands for c in spec.confirm_configs]
+    claims += [certify.Claim("pick", "graph", b, None, LESS, "screening", None) for b in bands if unnamed > 0]
+    if not claims:
+        return 0
+    return spec.confirm_rounds or certify.rounds_needed(claims)
 
 
 def dry_run(spec: Spec, how: str, why: str | None) -> StagePlan:
@@ -120,8 +134,7 @@ def dry_run(spec: Spec, how: str, why: str | None) -> StagePlan:
     n1 = len(spec.configs) * spec.trials
     most = stage2_at_most(spec)
     _, claims, _ = spec_families(spec)
-    rounds = (spec.confirm_rounds or paired.rounds_to_reach(stats.ALPHA / claims, TWO_SIDED if spec.confirm_configs
-                                                            else LESS)) if claims else 0
+    rounds = most_rounds(spec)
     one1, one2 = cost.launch_s(), cost.launch_s(eta.stage2_graph_share(spec))
     lines = [f"plan for {spec.path} (nothing is launched):",
              f"  launch: {how}" + (f" ({why})" if why else ""),
