@@ -46,18 +46,21 @@ CPU = {
 # The GPU rows: (spec, command, time, spread and launches, where it comes from).  Launch times are the
 # recorded ones (benchmarks/README.md); an estimate says so and from what.
 GPU = [
-    ("nvlink2-aa", "commdiag sweep sweeps/nvlink2-aa.yaml", "about 8 min",
-     "9 screening + 30 stage-2 launches (10 rounds); estimate",
-     "estimate from the launches recorded 2026-11-30 on 2x H200 (149 s for 9 screening launches, "
-     "10.6 s a stage-2 launch; benchmarks/README.md): 7.8 min. The run with 6 rounds took 5 min 42 s"),
-    ("nvlink2", "commdiag sweep sweeps/nvlink2.yaml", "about 9 min",
-     "24 screening + 18 stage-2 launches (9 rounds); estimate",
-     "estimate from the launches recorded 2026-11-30 on 2x H200 (379 s for 24 screening launches, "
-     "9.8 s a stage-2 launch; benchmarks/README.md): 9.2 min. The run with 6 rounds took 8.3 min"),
-    ("pcie8", "commdiag sweep sweeps/pcie8.yaml", "30-50 min",
-     "81 screening launches of 20-30 s + 18-40 stage-2 launches of 10-15 s; estimate",
-     "estimate for 8 PCIe GPUs from 2x H200's launch times (benchmarks/README.md, 2026-11-30); not run "
-     "yet on an 8-GPU box"),
+    ("nvlink2-aa", "commdiag sweep sweeps/nvlink2-aa.yaml", "at most 6.5 min",
+     "9 screening + at most 39 stage-2 launches (13 rounds); estimate",
+     "estimate (`--dry-run`, measure/eta.py): 1.55 s a forked launch (1x H200, benchmarks/README.md) + "
+     "the 250 ms time budget per series and size; with launch: torchrun, from the launches recorded "
+     "2026-11-30 on 2x H200 (149 s for 9 screening launches, 10.6 s a stage-2 launch): 9.4 min"),
+    ("nvlink2", "commdiag sweep sweeps/nvlink2.yaml", "at most 12 min",
+     "24 screening + at most 52 stage-2 launches (13 rounds); estimate",
+     "estimate (`--dry-run`, measure/eta.py): 1.55 s a forked launch (1x H200, benchmarks/README.md) + "
+     "the 250 ms time budget per series and size; with launch: torchrun, from the launches recorded "
+     "2026-11-30 on 2x H200 (379 s for 24 screening launches, 9.8 s a stage-2 launch): 9-15 min"),
+    ("pcie8", "commdiag sweep sweeps/pcie8.yaml", "20-26 min",
+     "81 screening + at most 70 stage-2 launches (14 rounds); estimate",
+     "estimate from measured components (benchmarks/pcie8_estimate.py): 1.55 s a forked launch (1x "
+     "H200), 10-14 s of measuring a screening launch at an assumed 10-25 GB/s PCIe bus; launch: "
+     "torchrun 41-47 min; `--dry-run`'s bound 31 min; not run yet on an 8-GPU box"),
     ("step-moe-tp2", "commdiag step sweeps/step-moe-tp2.yaml", "15-20 min",
      "estimate; decode only (`--set 'sizes.tokens=[1,2,3]' --set trials=2`): 4.1 min, 16 launches",
      "decode only measured on 2x H200 (benchmarks/README.md, 2026-11-30); as shipped the 256-token "

@@ -110,7 +110,7 @@ def main(debug: bool, allow_user_files: bool) -> None:
     On a GPU box, in this order (README.md, "On your GPU box"):
       commdiag doctor                           the machine: topology, hooks, env
       commdiag sweep sweeps/nvlink2-aa.yaml     A/A check: must certify nothing
-      commdiag sweep sweeps/pcie8.yaml          the sweep (30-50 min, 8 GPUs)
+      commdiag sweep sweeps/pcie8.yaml          the sweep (20-26 min, 8 GPUs)
       commdiag report reports/RUN               report.html and the verdicts
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
@@ -157,11 +157,28 @@ def _progress_line(p) -> str:
 @click.option("--certify-sizes", is_flag=True,
               help="Also certify every config x size (one-stage exact test, paired by trial): raises trials "
                    "to what that needs (9-18 launches per config); the cost is printed before the first launch.")
-def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes):
-    """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial), then
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (launches per stage, at most how many stage-2 rounds) and its expected wall "
+                   "time from recorded launch costs; launch nothing.")
+def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes, dry_run):
+    """Run an all-reduce sweep over NCCL settings (one fresh launch per config and trial), then
     confirm the screening's candidates on fresh launches (stage 2) for a certified answer."""
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
+    if dry_run:
+        if resume is not None:
+            raise click.UsageError("--dry-run plans a new sweep from a SPEC_FILE, not a --resume")
+        from .formats import spec as spec_mod
+        from .measure import sweep as sweep_mod
+
+        plan = sweep_mod.dry_run(spec_mod.load_spec(spec_file, sets))
+        if as_json:
+            _echo(json.dumps({"format": "commdiag-sweep-plan", "version": 1, "launches": plan.launches,
+                              "expected_s": plan.est_s, "lines": list(plan.lines)}, indent=1), wrap=False)
+        else:
+            for line in plan.lines:
+                _echo(line)
+        return
     if resume is not None and (spec_file is not None or sets or out is not None or no_confirm or certify_sizes):
         # the run folder holds its spec; anything given beside it would be silently ignored
         raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import certify, confounders, screening, stats
+from . import certify, confounders, racing, screening, stats
 from .certify import Certification
 from .screening import Screening
 from .stats import ALPHA, MIN_EFFECT
@@ -126,7 +126,7 @@ def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str
     from dataclasses import replace
 
     v = _evaluate(values, run, excluded)
-    return replace(v, notes=tuple(_rejudged(v) + _notes(v, run)),
+    return replace(v, notes=tuple(_rejudged(v) + _notes(v, run) + racing.notes(run)),
                    confounders=confounders.check(run, v.certifications + v.size_certifications))
 
 

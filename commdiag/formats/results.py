@@ -64,6 +64,12 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
        on servers started with it instead of torchrun or a child that kept the server's value.
        Bumped so that an older commdiag, whose servers did not, cannot resume or confirm such a run.
        Version 1-5 folders are still read.
+    7  racing (analyse/racing.py, docs/formats.md): launch status ``dropped`` (final, never run: screening
+       stopped launching its config after a trial showed it far slower than default in every band and
+       mode; the launch's ``dropped`` says why), run.json ``racing`` ({enabled, looks: [{after_trial,
+       dropped: [{config, after_trial, reason, margin_se}]}]}) and ``spec.racing``.  Bumped because an
+       older commdiag refuses the status (it would not read, resume or confirm such a run).  Version 1-6
+       folders are still read: their spec has no ``racing`` and runs every launch.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ from ..atomic import write_json, write_text
 from ..errors import CommdiagError, brief
 
 RUN_FORMAT = "commdiag-run"
-RUN_FORMAT_VERSION = 6  # 6: run.launch.server_groups, launches[].server_group (history above)
+RUN_FORMAT_VERSION = 7  # 7: launch status dropped, run.racing (history above)
 
 SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
                    "enqueue_us"]
@@ -88,9 +94,10 @@ SUMMARY_COLUMNS = ["config", "size_bytes", "tokens", "mode", "via", "median_us",
                    "launch_median_min_us", "launch_median_max_us", "launches", "samples",
                    "algbw_gbps", "busbw_gbps", "wrong"]
 
-# Launch statuses.  "pending" launches are (re)run by --resume; the others are final.
-PENDING, OK, FAILED, TIMEOUT, INCORRECT = "pending", "ok", "failed", "timeout", "incorrect"
-FINAL_STATUSES = (OK, FAILED, TIMEOUT, INCORRECT)
+# Launch statuses.  "pending" launches are (re)run by --resume; the others are final.  "dropped": never
+# run, racing stopped launching its config (analyse/racing.py); it neither fails nor counts as measured.
+PENDING, OK, FAILED, TIMEOUT, INCORRECT, DROPPED = "pending", "ok", "failed", "timeout", "incorrect", "dropped"
+FINAL_STATUSES = (OK, FAILED, TIMEOUT, INCORRECT, DROPPED)
 
 
 def launch_dir(run_dir: Path, index: int) -> Path:

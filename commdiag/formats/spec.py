@@ -100,6 +100,9 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "vias": ((list, type(None)), None),
     "replay_stream": ((str,), "side"),
     "reuse_process": ((bool,), False),
+    # screening stops launching a config that already loses clearly in every band and mode
+    # (analyse/racing.py); false: every config in every trial (the plan before 2026-12-04)
+    "racing": ((bool,), True),
     "launch": ((str, type(None)), None),
     "timeout_s": ((int, float), 180),
     "base_env": ((dict, type(None)), None),
@@ -169,6 +172,7 @@ class Spec:
     model: dict | None = None
     # ms of timing per size, mode and call path (None: exactly ``iters``; runs stored before the key)
     time_per_size_ms: float | None = None
+    racing: bool = True
     # launch: torchrun across named hosts: one torchrun agent per host, started through the user's
     # node_command ({host}/{index} filled in; measure/hosts.py); () on one box or under Slurm
     hosts: tuple[str, ...] = ()
@@ -194,6 +198,7 @@ class Spec:
             d.setdefault("window_us", 500.0)
         d["warnings"] = tuple(d.get("warnings", ()))
         d["confirm_configs"] = tuple(d.get("confirm_configs", ()))
+        d.setdefault("racing", False)  # a run stored before racing (format <= 6) keeps its full plan
         d["hosts"] = tuple(d.get("hosts", ()))
         d["node_command"] = tuple(d.get("node_command", ()))
         return cls(**d)
@@ -612,7 +617,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         trials=trials, warmup=warmup, iters=iters, batch=batch, window_us=float(window_us), modes=modes,
         timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
-        reuse_process=bool(get("reuse_process")), launch=launch,
+        reuse_process=bool(get("reuse_process")), launch=launch, racing=bool(get("racing")),
         confirm_configs=confirm_configs, confirm_rounds=confirm_rounds,
         model=model, time_per_size_ms=None if model else time_per_size_ms,
         hosts=hosts, node_command=node_command,

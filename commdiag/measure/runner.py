@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from .. import __version__, atomic, procs
 from ..errors import CommdiagError
-from ..formats.results import OK, PENDING  # the launch statuses every kind shares (ab/runfile.py: the same)
+from ..formats.results import DROPPED, OK, PENDING  # the launch statuses every kind shares (ab/runfile.py: the same)
 from . import launcher, machinestate, runlock
 from .launcher import Progress
 
@@ -52,7 +52,7 @@ class RunResult:
 
     @property
     def all_ok(self) -> bool:
-        return self.state == "complete" and set(self.counts) <= {OK}
+        return self.state == "complete" and set(self.counts) <= {OK, DROPPED}
 
 
 def head(fmt: str, version: int, spec) -> dict:
@@ -143,16 +143,25 @@ class Folder:
                     batches: Callable[[list[dict]], list[list[dict]]] = lambda p: [[l] for l in p],
                     on_progress: Callable[[Progress], None] | None = None,
                     launches: list[dict] | None = None,
+                    after: Callable[[list[dict]], None] | None = None,
+                    eta: Callable[[list[dict]], float | None] | None = None,
                     stop: Callable[[list[dict]], str | None] | None = None) -> bool:
         """Run every pending launch of ``launches`` (default run.json's) in order, ``batches`` of them per
         ``one`` call; True when interrupted (the batch in flight is pending again, keeping only ``keys``).
-        ``stop(pending)``: after each batch, a reason to stop here (run.json ``stopped``, state
-        ``stopped``: ab's first round that failed the same way for every arm), or None to go on."""
+        ``after(batch)``: the kind's look after each batch; it may settle pending launches (sweep's racing
+        drops them), which are then skipped.  ``eta(left)``: the seconds the pending launches ``left`` take
+        (default: their count x this call's wall per launch, the servers' one-time start left out:
+        ``per_launch``).  ``stop(pending)``: after each batch, a reason to stop here (run.json
+        ``stopped``, state ``stopped``: ab's first round that failed the same way for every arm), or None
+        to go on."""
         procs.take_back_sigint()  # resumable after Ctrl-C, however the command was started
         pending = self.pending(launches)
         walls: list[float] = []
         done = 0
         for batch in batches(pending):
+            batch = [l for l in batch if l["status"] == PENDING]  # ``after`` may have settled them
+            if not batch:
+                continue
             try:
                 wall = one(batch)
             except KeyboardInterrupt:  # the kind ended its processes; its launches have no result
@@ -168,12 +177,16 @@ class Folder:
                 return True
             try:
                 walls.append(wall / len(batch))
+                if after:
+                    after(batch)
                 self.save()
-                for launch in batch:
+                rest = [l for l in pending if l["status"] == PENDING]
+                for i, launch in enumerate(batch):
                     done += 1
                     if on_progress:
-                        left = len(pending) - done
-                        on_progress(Progress(done, len(pending), launch, left * per_launch(walls, batch)))
+                        left = len(rest) + len(batch) - 1 - i
+                        est = eta(rest) if eta else left * per_launch(walls, batch)
+                        on_progress(Progress(done, done + left, launch, est))
                 why = stop(pending) if stop else None
                 if why:
                     self.run["stopped"] = why
