@@ -108,19 +108,26 @@ def save_run(run_dir: Path, run: dict) -> None:
     write_json(Path(run_dir) / "run.json", run)
 
 
-def load_run_json(run_dir: str | Path) -> dict:
+def read_run_file(run_dir: str | Path, fmt: str, kind: str) -> tuple[Path, dict]:
+    """``run_dir``/run.json read through the one reader and checked to be a ``fmt`` object: every kind of
+    run folder (a sweep's, ab's) starts its load here; one error naming the file otherwise."""
     path = Path(run_dir) / "run.json"
     try:
         run = json.loads(readfile.read_text(path, what="run folder"))
     except FileNotFoundError:
-        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag run folder?") from None
+        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag {kind} folder?") from None
     except (OSError, ValueError) as e:
-        raise CommdiagError(f"{path}: cannot read: {e}") from None
+        raise CommdiagError(f"{path}: cannot read: {str(e)[:200]}") from None
     except RecursionError:
         raise CommdiagError(f"{path}: cannot read: nested too deeply to be a run.json") from None
-    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+    if not isinstance(run, dict) or run.get("format") != fmt:
         found = run.get("format") if isinstance(run, dict) else type(run).__name__
-        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag run ({RUN_FORMAT!r})")
+        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag {kind.removesuffix(' folder')} ({fmt!r})")
+    return path, run
+
+
+def load_run_json(run_dir: str | Path) -> dict:
+    path, run = read_run_file(run_dir, RUN_FORMAT, "run folder")
     version = run.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CommdiagError(f"{path}: version: {version!r} is not a run format version (1..{RUN_FORMAT_VERSION})")
