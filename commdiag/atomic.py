@@ -100,6 +100,11 @@ def _trusted_links(folder: str) -> str:
             raise CommdiagError(f"{folder}: as root, commdiag writes through a symbolic link ({w.links[0]}) "
                                 f"only where no other user can change it, and {f.path} is {f.why}; give a "
                                 "folder root owns, by its real path")
+        if w.findings:
+            # Another user can change this path, and it had no link when walked: walk it as named from
+            # here on, never resolving a link (one she plants after the walk would be followed by a
+            # resolution now; unresolved, it stops safedir's O_NOFOLLOW walk instead).
+            return folder
     try:
         return safedir.real_path(folder)
     except OSError as e:

@@ -64,6 +64,28 @@ def check_others(path: str | Path, what: str = "file") -> None:
                                    "it while commdiag works)")
 
 
+def _check_opened(fd: int, st: os.stat_result, path: str | Path, what: str) -> None:
+    """As root, the file actually opened must be one only root can change, and the name, walked after
+    the open, must still name it: between the open and the walk its owner could rename her file away
+    (a missing name is no finding) and back, or put another file at the name."""
+    if os.geteuid() != 0 or _allow_others:
+        return
+    from . import ownership
+
+    f = ownership.inspect(str(path), st, fd)
+    if f is not None:
+        raise Refused(errno.EPERM, f"as root, commdiag reads a {what} only where no other user can change it, "
+                                   f"and {path} is {f.why}: copy it to a folder root owns, or run commdiag "
+                                   f"{OPTION} COMMAND ...")
+    try:
+        now = os.stat(path)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        raise Refused(errno.EPERM, f"{path} changed while commdiag read it (another file is at that name now): "
+                                   "not read")
+
+
 def read_bytes(path: str | Path, limit: int = LIMIT, *, what: str = "file", check_owner: bool = True) -> bytes:
     """The bytes of regular file ``path`` (FileNotFoundError as open() raises it; Refused).
     ``check_owner=False`` only for a file whose content grants nothing (check_env's expectation)."""
@@ -74,6 +96,7 @@ def read_bytes(path: str | Path, limit: int = LIMIT, *, what: str = "file", chec
             raise Refused(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder): not read")
         if check_owner:
             check_others(path, what)
+            _check_opened(fd, st, path, what)
         data = bytearray()
         while len(data) <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - len(data)))

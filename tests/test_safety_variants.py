@@ -1,0 +1,205 @@
+"""Variants of #30's thirteen attacks (the adversarial pass its "done when" asks for): a local user
+against commdiag run as root on files and folders she owns or can write.  Real throwaway users
+(useradd), real links in a staged /tmp folder.  A race (her swap between commdiag's check and its use)
+is made deterministic by doing her swap at that very moment, from inside the check (the walker), the
+way a loop of hers wins it sooner or later.  No torch: runs under Debian's python3.11 too (.ci/run).
+
+Found and fixed here (each test fails on the main before the fix):
+
+* ``..`` after a link of hers: the walker normalized ``..`` by the letters (``/tmp/L/../x`` walked as
+  ``/tmp/x``, which does not exist: no finding), while the kernel opens ``L``'s target's parent's ``x``,
+  her file.  The walker now resolves ``..`` after links, as the kernel does.
+  (``test_dotdot_after_her_link_is_walked_as_the_kernel_opens_it``)
+* The reader checked the path after opening it: she renames her file away while the walker looks
+  (a missing component is no finding) and back after; root read her bytes through the descriptor.
+  The reader now also judges the opened file itself (owner, mode, ACL, from the descriptor) and
+  requires the path, after the walk, to still name that very file.
+  (``test_a_file_renamed_away_during_the_walk_is_not_read``)
+* The writer, as root, resolved links *after* the walk even where the walk had findings (her run
+  folder) and no links: she swaps her run folder for a link to a folder of root's between the walk
+  and the resolution, and root wrote report.html (or made folders) there.  As root, a path with a
+  finding is now not resolved at all: it is walked as named, without following a link, so a link
+  planted later stops the write.  (``test_a_swap_between_the_walk_and_the_write_is_refused``,
+  ``test_make_dirs_through_a_folder_swapped_after_the_walk_is_refused``)
+
+Tried and held (no test: each is already covered by tests/test_safety_*.py or cannot happen):
+
+* install-hook file-valued settings with ``..``, a relative path, or a link (``NCCL_TUNER_PLUGIN=
+  /usr/../home/u/x.so``): refused, ``allowlist._file_error`` wants an absolute, normalized path and
+  walks links hop by hop.
+* A plugin by bare name (``NCCL_NET_PLUGIN=..``, ``evil.so``): no slash, so dlopen searches only the
+  loader's folders, never the working folder.
+* Loader/interpreter names in lower case or with a prefix (``ld_preload``, ``XLD_PRELOAD``): not
+  ``NCCL_*``, refused as "not an NCCL setting".
+* A hardlink of a root-owned file into her folder: fs.protected_hardlinks=1 here refuses it; her own
+  hardlinked file is owned by her (a finding either way).
+* A group-writable folder of her group, a root-owned ``g+w`` folder (gid 0), an access or default ACL
+  on a parent folder: findings of the walker (test_safety_read covers the ACL bytes).
+* A FIFO, ``/dev/zero`` or a huge file at ``explain --log`` (nccl/logread.py) and ``commdiag trace``
+  (trace/reader.py): both open ``O_NONBLOCK`` and refuse non-regular files; logread stops at
+  MAX_BYTES, the trace reader bounds each value (MAX_EVENT).  They read without the owner check by
+  design (docs/safety.md: they only print).
+* Control characters in trace names, log lines, host names: every line goes through cli._echo,
+  which escapes them (errors.terminal_safe).
+* ``launches/`` swapped for a link inside her run folder after the check: launches are made and
+  written through folder descriptors (atomic.make_dirs / folder_fd), ``O_NOFOLLOW`` per component;
+  ``remove_tree`` uses rmtree's descriptor walk (a link inside is unlinked, not followed).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from commdiag import atomic, ownership, readfile
+from commdiag.errors import CommdiagError
+from commdiag.formats import profile
+
+from users import give, needs_root, staging, throwaway_user
+
+PROFILE = "# commdiag-profile 1\nNCCL_PROTO=LL\n"
+
+
+@pytest.fixture(scope="module")
+def user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    with throwaway_user("v") as u:
+        yield u
+
+
+@pytest.fixture
+def stage():
+    with staging() as d:
+        yield d
+
+
+@pytest.fixture(autouse=True)
+def _default_reader():
+    readfile.allow_others(False)
+    yield
+    readfile.allow_others(False)
+
+
+def _tmp_like(stage: Path) -> Path:
+    """A root-owned sticky world-writable folder, as /tmp is: she may put her own names there."""
+    w = stage / "tmp"
+    w.mkdir()
+    os.chmod(w, 0o1777)
+    return w
+
+
+def _during_walk(monkeypatch, swap, undo=None):
+    """Run ``swap`` (her move) when the walker starts, ``undo`` when it ends: the race won."""
+    real = ownership.Walker.path
+
+    def path(self, p, depth=0):
+        if depth == 0:
+            swap()
+        try:
+            return real(self, p, depth)
+        finally:
+            if depth == 0 and undo is not None:
+                undo()
+
+    monkeypatch.setattr(ownership.Walker, "path", path)
+
+
+@needs_root
+def test_dotdot_after_her_link_is_walked_as_the_kernel_opens_it(stage, user):
+    name, uid, gid = user
+    tmp = _tmp_like(stage)
+    home = stage / "home"
+    (home / "sub").mkdir(parents=True)
+    (home / "x.env").write_text(PROFILE)
+    give(home, uid, gid)
+    link = tmp / "L"
+    link.symlink_to(home / "sub")
+    os.lchown(link, uid, gid)
+    sneaky = f"{tmp}/L/../x.env"  # the kernel: home/x.env (hers); by the letters: tmp/x.env (absent)
+    assert open(sneaky).read() == PROFILE
+    assert ownership.first_finding(sneaky) is not None
+    with pytest.raises(CommdiagError, match="owned by uid"):
+        profile.load(sneaky)
+
+
+@needs_root
+def test_a_file_renamed_away_during_the_walk_is_not_read(stage, user, monkeypatch):
+    name, uid, gid = user
+    tmp = _tmp_like(stage)
+    mine = tmp / "x.env"
+    mine.write_text(PROFILE)
+    os.lchown(mine, uid, gid)
+    away = tmp / "elsewhere"
+    _during_walk(monkeypatch, lambda: os.rename(mine, away), lambda: os.rename(away, mine))
+    with pytest.raises(CommdiagError, match="owned by uid"):
+        profile.load(mine)
+
+
+@needs_root
+def test_a_swap_between_the_walk_and_the_write_is_refused(stage, user, monkeypatch):
+    name, uid, gid = user
+    home = stage / "home"
+    (home / "run").mkdir(parents=True)
+    give(home, uid, gid)
+    target = stage / "roots"  # a folder of root's she wants report.html in
+    target.mkdir()
+    run = home / "run"
+
+    def swap():  # after the walk saw her plain folder (a finding, but no link), before the write
+        os.rename(run, home / "run.old")
+        run.symlink_to(target)
+
+    real = ownership.Walker.path
+
+    def path(self, p, depth=0):
+        try:
+            return real(self, p, depth)
+        finally:
+            if depth == 0 and not run.is_symlink():
+                swap()
+
+    monkeypatch.setattr(ownership.Walker, "path", path)
+    with pytest.raises(CommdiagError, match="symbolic link|changed"):
+        atomic.write_text(run / "report.html", "<html></html>")
+    assert not (target / "report.html").exists()
+
+
+@needs_root
+def test_make_dirs_through_a_folder_swapped_after_the_walk_is_refused(stage, user, monkeypatch):
+    name, uid, gid = user
+    home = stage / "home"
+    (home / "out").mkdir(parents=True)
+    give(home, uid, gid)
+    target = stage / "roots"
+    target.mkdir()
+    out = home / "out"
+    real = ownership.Walker.path
+
+    def path(self, p, depth=0):
+        try:
+            return real(self, p, depth)
+        finally:
+            if depth == 0 and not out.is_symlink():
+                os.rename(out, home / "out.old")
+                out.symlink_to(target)
+
+    monkeypatch.setattr(ownership.Walker, "path", path)
+    with pytest.raises(CommdiagError, match="symbolic link|cannot create"):
+        atomic.make_dirs(out / "launches" / "0001")
+    assert not (target / "launches").exists()
+
+
+@needs_root
+def test_her_folder_without_links_is_still_written(stage, user):
+    """The fix does not refuse what was right: root writes report.html into her plain run folder."""
+    name, uid, gid = user
+    home = stage / "home"
+    (home / "run").mkdir(parents=True)
+    give(home, uid, gid)
+    atomic.write_text(home / "run" / "report.html", "ok")
+    atomic.make_dirs(home / "run" / "launches" / "0001")
+    assert (home / "run" / "report.html").read_text() == "ok"
+    assert (home / "run" / "launches" / "0001").is_dir()
