@@ -21,6 +21,11 @@ Found and fixed here (each test fails on the main before the fix):
   finding is now not resolved at all: it is walked as named, without following a link, so a link
   planted later stops the write.  (``test_a_swap_between_the_walk_and_the_write_is_refused``,
   ``test_make_dirs_through_a_folder_swapped_after_the_walk_is_refused``)
+* ``check-env --nodes`` kept srun's log, which it reads back and prints as every node's verdict, in a
+  plain ``tempfile.TemporaryDirectory()``: under ``sudo -E`` with her TMPDIR she renames root's folder
+  and puts her own there (a forged "ok" per node; srun's output written into her folder).  Every
+  temporary folder now comes from the one scratch root (``procs.private_folder``/``scratch_root``).
+  (``test_every_scratch_folder_is_under_the_one_scratch_root``)
 
 Tried and held (no test: each is already covered by tests/test_safety_*.py or cannot happen):
 
@@ -203,3 +208,35 @@ def test_her_folder_without_links_is_still_written(stage, user):
     atomic.make_dirs(home / "run" / "launches" / "0001")
     assert (home / "run" / "report.html").read_text() == "ok"
     assert (home / "run" / "launches" / "0001").is_dir()
+
+
+def _calls(tree, names):
+    import ast
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "tempfile":
+            yield node
+
+
+def test_every_scratch_folder_is_under_the_one_scratch_root():
+    """Under ``sudo -E`` with her TMPDIR, a temporary folder made in $TMPDIR (not through
+    ``procs.scratch_root``) is one she can rename and replace: ``check-env --nodes`` kept srun's log,
+    which it then reads and prints as every node's verdict, in ``tempfile.TemporaryDirectory()``.
+    Every temporary folder or file of commdiag's is made with ``dir=procs.scratch_root()`` (or by
+    ``procs.private_folder``)."""
+    import ast
+
+    from conftest import REPO
+
+    bad = []
+    for path in sorted((REPO / "commdiag").rglob("*.py")):
+        if path.name == "procs.py" and path.parent.name == "commdiag":
+            continue
+        tree = ast.parse(path.read_text())
+        for call in _calls(tree, {"TemporaryDirectory", "mkdtemp", "mkstemp", "NamedTemporaryFile",
+                                  "TemporaryFile", "SpooledTemporaryFile", "gettempdir"}):
+            ok = any(k.arg == "dir" and "scratch_root" in ast.unparse(k.value) for k in call.keywords)
+            if not ok:
+                bad.append(f"{path.relative_to(REPO)}:{call.lineno}: {ast.unparse(call)}")
+    assert bad == []
