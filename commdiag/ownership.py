@@ -116,9 +116,12 @@ class Walker:
         self.findings: list[Finding] = []
         self.links: list[str] = []  # the links met on the way (their own paths)
 
-    def path(self, path: str, depth: int = 0) -> None:
+    def path(self, path: str, depth: int = 0) -> str:
         """Walk ``path`` as the kernel resolves it: ``..`` is taken after the links before it (``/tmp/L/..``
-        is the parent of L's target, not ``/tmp``), so the walk reaches the very file an open would."""
+        is the parent of L's target, not ``/tmp``), so the walk reaches the very file an open would.
+        Returns that resolution (the components that do not exist kept as named): the one path the
+        findings are about, which a writer uses as it is rather than resolving the links again later
+        (a link planted between the walk and a second resolution would be followed unseen)."""
         if not path.startswith("/"):
             path = posixpath.join(os.getcwd(), path)
         parts = [p for p in path.split("/") if p not in ("", ".")]
@@ -132,13 +135,14 @@ class Walker:
             done.append(name)
             here = "/" + "/".join(done)
             st = self._visit(here)
-            if st is None:
-                return  # what does not exist runs nothing (and cannot be written through)
+            if st is None:  # what does not exist runs nothing (and cannot be written through)
+                return posixpath.normpath("/".join([here, *parts[i + 1:]]))
             if stat.S_ISLNK(st.st_mode):
                 if depth < 40:
                     target = posixpath.join(posixpath.dirname(here), os.readlink(here))
-                    self.path("/".join([target, *parts[i + 1:]]), depth + 1)
-                return
+                    return self.path("/".join([target, *parts[i + 1:]]), depth + 1)
+                return posixpath.normpath("/".join([here, *parts[i + 1:]]))  # too many: opening it fails
+        return "/" + "/".join(done)
 
     def _visit(self, here: str) -> os.stat_result | None:
         """lstat of ``here`` (None: absent); its finding and link recorded the first time it is met."""

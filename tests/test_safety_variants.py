@@ -21,6 +21,11 @@ Found and fixed here (each test fails on the main before the fix):
   finding is now not resolved at all: it is walked as named, without following a link, so a link
   planted later stops the write.  (``test_a_swap_between_the_walk_and_the_write_is_refused``,
   ``test_make_dirs_through_a_folder_swapped_after_the_walk_is_refused``)
+* The writer, as root, walked the path and then resolved its links a second time: a name missing
+  during the walk (``/tmp/new``: nothing to judge) she then makes a link to a folder of root's, and
+  ``make_dirs``/``sweep --out /tmp/new/run`` made ``run`` there.  The walker now returns the
+  resolution it judged, and the writer uses exactly that (a later link stops the O_NOFOLLOW walk).
+  (``test_a_link_planted_at_a_missing_name_after_the_walk_is_not_followed``)
 * ``check-env --nodes`` kept srun's log, which it reads back and prints as every node's verdict, in a
   plain ``tempfile.TemporaryDirectory()``: under ``sudo -E`` with her TMPDIR she renames root's folder
   and puts her own there (a forged "ok" per node; srun's output written into her folder).  Every
@@ -240,3 +245,29 @@ def test_every_scratch_folder_is_under_the_one_scratch_root():
             if not ok:
                 bad.append(f"{path.relative_to(REPO)}:{call.lineno}: {ast.unparse(call)}")
     assert bad == []
+
+
+@needs_root
+def test_a_link_planted_at_a_missing_name_after_the_walk_is_not_followed(stage, user, monkeypatch):
+    """``sweep --out /tmp/new/run`` as root: the walk finds /tmp/new missing (no finding: nothing to
+    change there yet); she then makes /tmp/new a link to a folder of root's.  Resolving the links again
+    after the walk followed it, and root made ``run`` there."""
+    name, uid, gid = user
+    tmp = _tmp_like(stage)
+    target = stage / "roots"
+    target.mkdir()
+    new = tmp / "new"
+    real = ownership.Walker.path
+
+    def path(self, p, depth=0):
+        try:
+            return real(self, p, depth)
+        finally:
+            if depth == 0 and not new.is_symlink():
+                new.symlink_to(target)
+                os.lchown(new, uid, gid)
+
+    monkeypatch.setattr(ownership.Walker, "path", path)
+    with pytest.raises(CommdiagError, match="symbolic link|cannot create"):
+        atomic.make_dirs(new / "run")
+    assert not (target / "run").exists()
