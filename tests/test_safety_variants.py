@@ -271,3 +271,50 @@ def test_a_link_planted_at_a_missing_name_after_the_walk_is_not_followed(stage, 
     with pytest.raises(CommdiagError, match="symbolic link|cannot create"):
         atomic.make_dirs(new / "run")
     assert not (target / "run").exists()
+
+
+def _her_program(folder: Path, name: str, uid: int, gid: int, proof: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    prog = folder / name
+    prog.write_text(f"#!/bin/sh\nid -u > {proof}\n")
+    os.chmod(prog, 0o755)
+    give(folder, uid, gid)
+
+
+@needs_root
+@pytest.mark.parametrize("entry", ["her", "", "."])
+def test_as_root_a_bare_program_name_is_never_found_in_her_folder_or_cwd(stage, user, entry):
+    """A program started by a bare name (ab's and hosts' ``node_command`` ``ssh``, Slurm's ``srun``) is
+    looked up on PATH; as root a PATH with her folder first, or with an empty or ``.`` entry (the
+    working folder) and a working folder of hers, ran her program as uid 0.  The one supervisor now
+    looks a bare name up as root only in PATH folders nobody else can change, absolute ones."""
+    from commdiag import procs
+
+    name, uid, gid = user
+    her = stage / "home" / "bin"
+    proof = stage / "ran-as"
+    tool = "cdvariant-tool"
+    _her_program(her, tool, uid, gid, proof)
+    path = {"her": f"{her}:/usr/bin:/bin", "": ":/usr/bin:/bin", ".": ".:/usr/bin:/bin"}[entry]
+    with pytest.raises(OSError, match="only root can change|not found"):
+        procs.run([tool], env={"PATH": path}, cwd=her, deadline_s=10)
+    assert not proof.exists()
+    assert procs.which(tool, path) is None
+    assert procs.which("sh", path) in ("/usr/bin/sh", "/bin/sh")  # root's own folders still found
+
+
+@needs_root
+def test_as_root_slurm_tools_are_not_taken_from_her_path(stage, user, monkeypatch):
+    from commdiag.errors import CommdiagError
+    from commdiag.measure import slurm
+
+    name, uid, gid = user
+    her = stage / "home" / "bin"
+    _her_program(her, "scontrol", uid, gid, stage / "ran-as")
+    monkeypatch.setenv("PATH", f"{her}:/usr/bin:/bin")
+    try:
+        found = slurm._tool("scontrol")
+    except CommdiagError as e:  # no Slurm on this machine: not found, never hers
+        assert "scontrol" in str(e)
+    else:
+        assert found in ("/usr/bin/scontrol", "/bin/scontrol")
