@@ -26,6 +26,17 @@ Found and fixed here (each test fails on the main before the fix):
   ``make_dirs``/``sweep --out /tmp/new/run`` made ``run`` there.  The walker now returns the
   resolution it judged, and the writer uses exactly that (a later link stops the O_NOFOLLOW walk).
   (``test_a_link_planted_at_a_missing_name_after_the_walk_is_not_followed``)
+* A bare program name (hosts' ``node_command`` ``ssh``, Slurm's ``srun``/``scontrol``) was looked up
+  on PATH as root: her folder on PATH, or an empty or ``.`` entry with her folder as the working
+  folder, ran her program as uid 0.  The one supervisor (``procs.start``) and Slurm's tool lookup now
+  use ``procs.which``: as root only absolute PATH folders nobody else can change.
+  (``test_as_root_a_bare_program_name_is_never_found_in_her_folder_or_cwd``,
+  ``test_as_root_slurm_tools_are_not_taken_from_her_path``)
+* The install state folder (``/var/lib/commdiag``, its ``tuner/`` and ``saved/``) was checked only for
+  o+w: with an ACL grant or her group's g+w there, ``install-hook --tuner`` installed the library every
+  NCCL process loads where she can replace it, and an undo would write back saved originals she
+  replaced.  As root the state folder is walked (``hookstate.state_dir``).
+  (``test_as_root_the_install_state_folder_must_be_roots_alone``)
 * ``check-env --nodes`` kept srun's log, which it reads back and prints as every node's verdict, in a
   plain ``tempfile.TemporaryDirectory()``: under ``sudo -E`` with her TMPDIR she renames root's folder
   and puts her own there (a forged "ok" per node; srun's output written into her folder).  Every
@@ -318,3 +329,54 @@ def test_as_root_slurm_tools_are_not_taken_from_her_path(stage, user, monkeypatc
         assert "scontrol" in str(e)
     else:
         assert found in ("/usr/bin/scontrol", "/bin/scontrol")
+
+
+def _install(*args, timeout=120):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "commdiag.cli", "install-hook", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@needs_root
+@pytest.mark.parametrize("how", ["acl-on-tuner", "group-on-state"])
+def test_as_root_the_install_state_folder_must_be_roots_alone(stage, user, how):
+    """``install-hook --tuner`` installs the library every NCCL process loads into the state folder's
+    ``tuner/`` (exempt from the file-value rule: commdiag writes it root-owned), and the undo writes the
+    saved originals back into /etc.  A folder there she can write (an ACL grant, her group's g+w) let her
+    replace the library after the install (every NCCL process, root's services too, loads hers) or the
+    saved originals before an undo.  As root the state folder, its tuner/ and saved/ are walked."""
+    import shutil
+    import subprocess
+
+    name, uid, gid = user
+    root = stage / "root"
+    state = root / "var/lib/commdiag"
+    (state / "tuner").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "etc/nccl.conf").write_text("NCCL_DEBUG=WARN\n")
+    for d in (root, root / "var", root / "var/lib", state, state / "tuner", root / "etc"):
+        os.chmod(d, 0o755)
+    rules = stage / "rules.txt"
+    rules.write_bytes(b"# commdiag-tuner-rules 1\n"
+                      b"coll=allreduce min_bytes=0 max_bytes=2097152 nranks=2 nnodes=1 algo=ring proto=ll\n")
+    if how == "acl-on-tuner":
+        if not shutil.which("setfacl"):
+            pytest.skip("needs setfacl")
+        subprocess.run(["setfacl", "-m", f"u:{name}:rwx", str(state / "tuner")], check=True)
+        if not shutil.which("cc"):
+            pytest.skip("needs cc (on the old code the install builds the library)")
+        args = ["--root", root, "--tuner", rules, "--nccl-conf"]
+    else:
+        os.chown(state, 0, gid)
+        os.chmod(state, 0o775)
+        args = ["--root", root, "--nccl-conf", "--set", "NCCL_PROTO=LL"]
+    cp = _install(*args)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "keeps its install state" in " ".join(cp.stderr.split())
+    assert not (state / "tuner" / "libnccl-tuner-commdiag.so").exists()
+    assert (root / "etc/nccl.conf").read_text() == "NCCL_DEBUG=WARN\n"
