@@ -7,6 +7,7 @@ Only this module prints or exits.  Library errors the user can fix arrive as
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -109,11 +110,11 @@ def main(debug: bool, allow_user_files: bool) -> None:
     On a GPU box, in this order (README.md, "On your GPU box"):
       commdiag doctor                           the machine: topology, hooks, env
       commdiag sweep sweeps/nvlink2-aa.yaml     A/A check: must certify nothing
-      commdiag sweep sweeps/pcie8.yaml          the sweep (30-45 min, 8 GPUs)
+      commdiag sweep sweeps/pcie8.yaml          the sweep (20-26 min, 8 GPUs)
       commdiag report reports/RUN               report.html and the verdicts
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
-    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (gloo, 2-3 minutes)."""
+    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (47 s, docs/times.md)."""
     from . import readfile
 
     readfile.allow_others(allow_user_files)
@@ -156,11 +157,28 @@ def _progress_line(p) -> str:
 @click.option("--certify-sizes", is_flag=True,
               help="Also certify every config x size (one-stage exact test, paired by trial): raises trials "
                    "to what that needs (9-18 launches per config); the cost is printed before the first launch.")
-def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes):
-    """Run an all-reduce sweep over NCCL settings (one fresh torchrun launch per config and trial), then
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (launches per stage, at most how many stage-2 rounds) and its expected wall "
+                   "time from recorded launch costs; launch nothing.")
+def sweep(spec_file, sets, out, resume, as_json, explain, no_confirm, certify_sizes, dry_run):
+    """Run an all-reduce sweep over NCCL settings (one fresh launch per config and trial), then
     confirm the screening's candidates on fresh launches (stage 2) for a certified answer."""
     if resume is None and spec_file is None:
         raise click.UsageError("give a SPEC_FILE, or --resume RUN_DIR")
+    if dry_run:
+        if resume is not None:
+            raise click.UsageError("--dry-run plans a new sweep from a SPEC_FILE, not a --resume")
+        from .formats import spec as spec_mod
+        from .measure import sweep as sweep_mod
+
+        plan = sweep_mod.dry_run(spec_mod.load_spec(spec_file, sets))
+        if as_json:
+            _echo(json.dumps({"format": "commdiag-sweep-plan", "version": 1, "launches": plan.launches,
+                              "expected_s": plan.est_s, "lines": list(plan.lines)}, indent=1), wrap=False)
+        else:
+            for line in plan.lines:
+                _echo(line)
+        return
     if resume is not None and (spec_file is not None or sets or out is not None or no_confirm or certify_sizes):
         # the run folder holds its spec; anything given beside it would be silently ignored
         raise click.UsageError("--resume RUN_DIR continues that run with its recorded spec; "
@@ -319,6 +337,9 @@ def ab_cmd(spec_file, command, sets, out, resume, configs, metrics, rounds, min_
         _echo(f"\nrun folder: {res.run_dir}   launches: " + ", ".join(f"{v} {k}" for k, v in sorted(res.counts.items())))
         if res.state == "interrupted":
             _echo(f"interrupted: no verdicts from a partial run; continue with  commdiag ab --resume {res.run_dir}")
+        elif res.state == "stopped":
+            _echo(f"stopped: {run['stopped']}. No verdicts from no values: fix it and run again "
+                  f"(commdiag ab --resume {res.run_dir} runs the rest with the recorded spec)")
     if res.state == "interrupted":
         sys.exit(errors.EXIT_INTERRUPTED)
     sys.exit(errors.EXIT_OK if set(res.counts) <= {"ok"} else errors.EXIT_LAUNCHES_FAILED)
@@ -540,7 +561,8 @@ def _var_line(v) -> str:
 @click.option("--bytes", "nbytes", type=click.IntRange(4, 1 << 30), default=4 << 20, show_default=True,
               help="All-reduce size per call.")
 @click.option("--iters", type=click.IntRange(1, 10000), default=20, show_default=True, help="Timed calls per pair and round.")
-@click.option("--warmup", type=click.IntRange(0, 10000), default=3, show_default=True)
+@click.option("--warmup", type=click.IntRange(0, 10000), default=3, show_default=True,
+              help="Untimed calls per pair and round before the timed ones.")
 @click.option("--rounds", type=click.IntRange(1, 200), default=None,
               help="Fresh launches (default: the fewest that can certify at 1% over every claim, plus 2).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 86400), default=300.0, show_default=True,
@@ -860,8 +882,9 @@ def tuner_group() -> None:
 
 @tuner_group.command("build", short_help="Compile the plugin with cc; print the env lines that load it.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for libnccl-tuner-commdiag.so (created if missing; default: the current folder, "
-                   "but as root --out is required and must be a folder no other user can change).")
+              help="Folder for libnccl-tuner-commdiag.so (created if missing), e.g. ~/.local/lib/commdiag; "
+                   "required: a library NCCL loads belongs where you chose, not in whatever folder the shell is "
+                   "in (as root: a folder no other user can change).")
 @click.option("--rules", "rules_path", type=click.Path(dir_okay=False, path_type=Path),
               help="A rules file to check (as the plugin reads it) and name in NCCL_TUNER_CONFIG_FILE.")
 @click.option("--cc", "cc", metavar="COMPILER",
@@ -873,6 +896,9 @@ def tuner_build_cmd(out_dir, rules_path, cc, as_json):
     that make NCCL load it: NCCL_TUNER_PLUGIN and NCCL_TUNER_CONFIG_FILE, absolute paths."""
     from .tuner import build, rules
 
+    if out_dir is None and os.geteuid() != 0:  # root: build.py's own refusal says what root needs
+        raise click.UsageError("give --out DIR, the folder for libnccl-tuner-commdiag.so (e.g. "
+                               "~/.local/lib/commdiag): commdiag writes no library into the current folder")
     n_rules = len(rules.load(rules_path)) if rules_path is not None else None
     res = build.build_result(out_dir, cc=cc)
     _echo(json.dumps(res.to_json(rules_path), indent=1) if as_json else build.render(res, rules_path, n_rules),

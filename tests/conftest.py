@@ -214,9 +214,12 @@ def pytest_collection_modifyitems(config, items):
     xdist requires), the SLOW ones marked ``slow``, and tests marked ``gpu`` run where a GPU is visible
     and skip, saying so, where none is."""
     items.sort(key=lambda item: longest_first_rank(item.nodeid))
+    slow = 0
     for item in items:
         if any(part in item.nodeid for part in SLOW):
             item.add_marker(pytest.mark.slow)
+            slow += 1
+    config.stash[SLOW_COLLECTED] = slow
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_items and _gpu_count() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
@@ -224,9 +227,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# How many collected tests are slow: counted where the tests are collected (each xdist worker collects
+# all of them), handed to the controller through xdist's workeroutput, and printed in its summary.
+SLOW_COLLECTED = pytest.StashKey[int]()
+
+
+def pytest_testnodedown(node, error):
+    """xdist's controller: a worker's count of collected slow tests (every worker collects the same)."""
+    count = getattr(node, "workeroutput", {}).get("slow_collected")
+    if count is not None:
+        node.config.stash[SLOW_COLLECTED] = max(count, node.config.stash.get(SLOW_COLLECTED, 0))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """End this process's Chromium (tests/browser.py), if a test started one: an xdist worker may
-    leave without running atexit handlers."""
+    leave without running atexit handlers.  A worker hands its count of slow tests to the controller."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["slow_collected"] = session.config.stash.get(SLOW_COLLECTED, 0)
     browser = sys.modules.get("browser")
     if browser is not None:
         browser.close()
@@ -236,10 +253,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """One visible line when the slow tests were left out (the README's command), and one when the
     browser the report tests need is missing (they skip without it)."""
     if "not slow" in (config.option.markexpr or ""):
+        slow = config.stash.get(SLOW_COLLECTED, 0)
         terminalreporter.write_line(
-            "NOTE: slow tests left out (conftest.py SLOW): `pytest -m slow` runs them (CI does)",
-            yellow=True, bold=True)
+            f"NOTE: {slow} slow test{'' if slow == 1 else 's'} left out (tests/conftest.py SLOW); "
+            "`pytest -m slow` runs them", yellow=True, bold=True)
     if not (shutil.which("chromium") or shutil.which("chromium-browser")):
         terminalreporter.write_line(
-            "NOTE: chromium is not installed: the HTML report tests were skipped "
-            "(apt-get install chromium; CI requires it)", yellow=True, bold=True)
+            "NOTE: no chromium: the HTML report tests skipped (apt-get install chromium)",
+            yellow=True, bold=True)

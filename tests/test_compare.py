@@ -63,11 +63,16 @@ def test_a_50_percent_slowdown_is_certified_with_enough_launches_and_noise_is_no
             assert by[("default", mode, s)].ratio == compare_ratio(1.5)
             assert by[("ll", mode, s)].verdict == compare.NOT_CERTIFIED
     assert "certified slower in B" in compare.render_text(r)
+    # the answer in one line, before the cells (issue #36: 12 two-line cells and 3 notes to scan)
+    head = compare.render_text(r).splitlines()[2]
+    assert head.startswith(f"conclusion ({len(by)} cells): B certified slower in {2 * len(SIZES)} cell(s): default "), head
     # the same shift with 3 launches a run cannot be certified: the line gives the floor instead
     r3 = compare.run(make_run(tmp_path / "a3", {"default": {4096: [10.0, 10.3, 9.9]}}),
                      make_run(tmp_path / "b3", {"default": {4096: [15.0, 15.4, 14.8]}}))
     (c,) = [c for c in r3.changes if c.mode == "graph"]
     assert c.verdict == compare.NOT_CERTIFIED and c.p == compare_ratio(0.1) and c.p_floor == compare_ratio(0.1)
+    assert compare.conclusion(r3) == ("conclusion: no certified change in 2 cells (2 with too few launches to "
+                                      "certify: note below)")
     assert "smallest attainable is 0.1" in c.label
 
 

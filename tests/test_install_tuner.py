@@ -129,9 +129,11 @@ def test_install_status_reinstall_and_exact_undo(root, rules_file, tmp_path_fact
     # dry run: the whole plan, the library as size and hash (never its bytes), and nothing changed
     cp = cli(*common, "--dry-run", check=0)
     assert tree(root) == before
-    assert f"--- {LIB}: commdiag's file (absent -> file, mode 0755)" in words(cp.stdout)
+    # the header names the file written (staged under --root), then the target's path
+    assert f"--- {root}{LIB}: commdiag's file (absent -> file, mode 0755)" in words(cp.stdout)
     assert "  planned: " in cp.stdout and " bytes, sha256 " in words(cp.stdout) and "ELF" not in words(cp.stdout)
-    assert f"--- {RULES_AT}: commdiag's file (absent -> file, mode 0644)" in words(cp.stdout)
+    assert (f"--- {root}{RULES_AT}: commdiag's file (absent -> file, mode 0644) staged under --root; the target "
+            f"system's path: {RULES_AT}") in words(cp.stdout)
     assert "+coll=allreduce min_bytes=0 max_bytes=2097152" in words(cp.stdout)
     assert f"+NCCL_TUNER_PLUGIN={LIB}" in words(cp.stdout)
 
@@ -163,7 +165,9 @@ def test_install_status_reinstall_and_exact_undo(root, rules_file, tmp_path_fact
     assert "nothing to change: already in place" in cli(*common, check=0).stdout
     rules_file.write_bytes(RULES + b"coll=allgather min_bytes=0 max_bytes=65536 nranks=2 nnodes=1 algo=ring proto=ll\n")
     cp = cli(*common, check=0)
-    assert f"commdiag's file: {RULES_AT} (file -> file)" in words(cp.stdout) and f"commdiag's file: {LIB}" not in words(cp.stdout)
+    # the lines name the files written: under --root, the staged ones
+    assert (f"commdiag's file: {root}{RULES_AT} (file -> file)" in words(cp.stdout)
+            and f"commdiag's file: {root}{LIB}" not in words(cp.stdout))
     assert rules.read_bytes() == rules_file.read_bytes()
 
     # rules edited on disk into something the plugin refuses: status says so, names the line

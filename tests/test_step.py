@@ -94,9 +94,9 @@ def test_comm_share_is_one_minus_compute_over_step_per_launch():
     s = next(r for r in rows if r.config == "seed")
     assert s.comm_share is None and s.step_us.launches == 1
     text = steptable.render(rows)
-    assert "comm share 20.0% [10.0%-30.0%]" in text and "n=3" in text
+    assert "comm share 20.0% [10.0% to 30.0%]" in text and "n=3" in text
     # the all-reduces alone (30%) against the share (20%): its meaning beside it, within 100 columns
-    assert "all-reduces alone 30.0% of the step: more than the share: part of it hides inside the step" in text
+    assert "all-reduces alone 30.0% of the step: more than they add: compute hides part of them" in text
     assert max(len(l) for l in text.splitlines()) <= 100
     assert steptable.to_json(rows)["format"] == "commdiag-step-table"
 

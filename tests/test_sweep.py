@@ -55,7 +55,7 @@ def test_smoke_sweep_writes_every_file_and_records_env(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "busbw" in proc.stdout and "ETA" in proc.stderr
     run = read_run(out)
-    assert run["format"] == "commdiag-run" and run["version"] == 6 and run["state"] == "complete"
+    assert run["format"] == "commdiag-run" and run["version"] == 7 and run["state"] == "complete"
     assert [l["status"] for l in run["launches"]] == ["ok"] * 4
     # only NCCL_* variables differ between the configs: one group of launch servers for the run
     assert [g["key"] for g in run["launch"]["server_groups"]] == [{}]

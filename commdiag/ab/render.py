@@ -88,7 +88,8 @@ def render_text(run: dict, a: dict) -> str:
             lines += _wrap(f"drift: {d['config']} {d['metric']} {d['note']}")
     if a["failed"]:
         lines.append("")
-        lines.append(f"failed launches ({len(a['failed'])}; the run went on without them):")
+        lines.append(f"failed launches ({len(a['failed'])}" + ("):" if run.get("stopped")
+                                                              else "; the run went on without them):"))
         for f in a["failed"][:20]:
             lines += _wrap(f"launch {f['index']} ({f['config']}, round {f['round'] + 1}): {f['error']}", "  ")
         if len(a["failed"]) > 20:
@@ -114,7 +115,8 @@ def _plain(v: vmod.Verdict, delta: float) -> str:
     if v.verdict == vmod.EQUIVALENT:
         return (f"{v.config}: {v.metric} is EQUIVALENT to default: {v.config} does not change it by more "
                 f"than {delta:.0%} (certified)")
-    need = (f"; about {v.rounds_needed} rounds{_spread(v)} would decide it at this noise" if v.rounds_needed
+    need = ("" if not v.rounds else  # no complete round: no noise to estimate rounds from
+            f"; about {v.rounds_needed} rounds{_spread(v)} would decide it at this noise" if v.rounds_needed
             else "; the measured effect sits on the margin: no number of rounds decides it reliably"
             if v.noise is not None else "")
     return f"{v.config}: {v.metric} is INCONCLUSIVE{' (' + v.note + ')' if v.note else ''}{need}"

@@ -7,11 +7,9 @@ writes the file through ``save`` after every launch; report.py and the CLI read 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from .. import readfile
 from ..atomic import write_json
 from ..errors import CommdiagError, brief
 
@@ -25,16 +23,9 @@ def save(run_dir: Path, run: dict) -> None:
 
 
 def load(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / "run.json"
-    try:
-        run = json.loads(readfile.read_text(path, what="run folder"))
-    except FileNotFoundError:
-        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag ab run folder?") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise CommdiagError(f"{path}: cannot read: {str(e)[:200]}") from None
-    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
-        found = run.get("format") if isinstance(run, dict) else type(run).__name__
-        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag ab run ({RUN_FORMAT!r})")
+    from ..formats.results import read_run_file
+
+    path, run = read_run_file(run_dir, RUN_FORMAT, "ab run folder")
     v = run.get("version")
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= RUN_FORMAT_VERSION:
         raise CommdiagError(f"{path}: version: {v!r} is not an ab run version this commdiag reads "

@@ -44,8 +44,9 @@ TAIL_CHARS = 2000
 NCCL_PROOF_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
 
 
-# What run_ab returns (measure/runner.py): the run folder, its state, launches per status and, when
-# complete, what was published (AbPublished: the analysis and report.html).
+# What run_ab returns (measure/runner.py): the run folder, its state (complete | interrupted | stopped:
+# run["stopped"] says why), launches per status and, when complete, what was published (AbPublished:
+# the analysis and report.html).
 AbResult = engine.RunResult
 
 
@@ -90,6 +91,7 @@ def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: P
         run = folder.run
         spec = spec if resume is None else AbSpec.from_json(run["spec"])
         run["state"] = "running"
+        run.pop("stopped", None)  # a resumed stopped run: this call decides again
         folder.save()
         configs = {c["name"]: c for c in run["configs"]}
         pending = folder.pending()
@@ -103,7 +105,8 @@ def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: P
 
         # The user's benchmark may use any GPU of the machine: NVML is read whenever it is there.
         with folder.watching(sampler, "nccl") as sampler:
-            folder.run_pending(one, keys=LAUNCH_KEYS, on_progress=on_progress)
+            folder.run_pending(one, keys=LAUNCH_KEYS, on_progress=on_progress,
+                               stop=lambda pending: same_failure(run, pending[0]["round"]) if pending else None)
         res = folder.finish()
     if publish and res.state == "complete":
         from . import report
@@ -111,6 +114,18 @@ def run_ab(spec: AbSpec | None = None, *, run_dir: Path | None = None, resume: P
         page, analysis = report.write_report(run_dir, run=load(run_dir))
         res = dataclasses.replace(res, published=AbPublished(analysis, page))
     return res
+
+
+def same_failure(run: dict, first_round: int) -> str | None:
+    """Why to stop: every launch of ``first_round`` (the first round this call ran) is done and every
+    one failed with the same error (a metric that never matches, a server that never starts): every
+    later round would fail the same way, and no verdict can come from no values.  None: go on."""
+    launches = [l for l in run["launches"] if l["round"] == first_round]
+    errors = {l.get("error", "") for l in launches}
+    if any(l["status"] != FAILED for l in launches) or len(errors) != 1:
+        return None
+    return (f"every launch of round {first_round + 1} ({len(launches)} arms) failed the same way, so every "
+            f"round would: {errors.pop()}")
 
 
 def one_launch(spec: AbSpec, run: dict, run_dir: Path, launch: dict, config: dict, base_env: dict,

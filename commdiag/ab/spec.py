@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,9 +141,25 @@ def load(path: str | Path, overrides=()) -> AbSpec:
         raise
 
 
+def _check_program(path, fld: str, argv: tuple[str, ...]) -> None:
+    """The program a command starts must exist before a run folder is made for it: a typo'd or missing
+    benchmark otherwise fails every launch of every round.  Found the way the launch finds it (this
+    PATH; ``{python}`` is commdiag's interpreter); a relative path is left to the launch's folder."""
+    prog = argv[0]
+    if "{" in prog:
+        return
+    if os.sep in prog:
+        if os.path.isabs(prog) and not (os.path.isfile(prog) and os.access(prog, os.X_OK)):
+            raise SpecError(path, f"{fld}[0]", f"{brief(prog)}: no such executable file")
+    elif shutil.which(prog) is None:
+        raise SpecError(path, f"{fld}[0]", f"{brief(prog)}: no such program on PATH (install it, or give "
+                                           "its full path; {python} is commdiag's own interpreter)")
+
+
 def _argv(path, fld: str, value) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
-        raise SpecError(path, fld, "must be a non-empty list of arguments, e.g. [python, -m, sglang.bench_serving, ...]")
+        example = "python, -m, sglang.launch_server" if fld.startswith("server") else "python, -m, sglang.bench_serving"
+        raise SpecError(path, fld, f"must be a non-empty list of arguments, e.g. [{example}, ...]")
     if len(value) > MAX_ARGS:
         raise SpecError(path, fld, f"{len(value)} arguments, more than {MAX_ARGS}")
     out = []
@@ -243,7 +260,8 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> AbSpec:
     warnings: list[str] = []
     for key, value in raw.items():
         if key not in _KEYS:
-            raise SpecError(path, sweepspec._fld(key), f"unknown key (allowed: {', '.join(_KEYS)})")
+            raise SpecError(path, sweepspec._fld(key), f"unknown key{sweepspec.did_you_mean(key, _KEYS)} "
+                                                       f"(allowed: {', '.join(_KEYS)})")
         types, _ = _KEYS[key]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise SpecError(path, key, f"{brief(value)} must be {sweepspec._type_name(types)}")
@@ -282,7 +300,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> AbSpec:
     else:
         limit = 10 ** 5 if large else MAX_ROUNDS
         if not 1 <= rounds <= limit:
-            raise SpecError(path, "rounds", f"{rounds} must be 1..{limit}" + ("" if large else
+            raise SpecError(path, "rounds", f"{rounds} must be auto or 1..{limit}" + ("" if large else
                                                                                " (allow_large: true lifts it)"))
         if rounds < need:
             raise SpecError(path, "rounds", f"{rounds} rounds cannot certify anything: {spec_claims} claim(s) "
@@ -300,6 +318,9 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> AbSpec:
                 raise SpecError(path, f"configs.{c.name}", "sets NCCL_DEBUG/NCCL_DEBUG_SUBSYS, which "
                                 "require_nccl_proof sets itself (INFO, INIT,ENV); leave them out")
     description = str(get("description") or "")[:10_000]
+    _check_program(path, "command", command)
+    if server is not None:
+        _check_program(path, "server.command", server.command)
     return AbSpec(path=str(path), name=name, description=description, command=command, metrics=metrics,
                   configs=configs, rounds=int(rounds), min_effect=float(min_effect), timeout_s=timeout,
                   seed=seed, server=server, raw=raw, warnings=tuple(warnings))

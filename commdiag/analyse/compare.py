@@ -205,10 +205,28 @@ def _same_folder(a, b) -> bool:
         return False
 
 
+def conclusion(r: CompareResult) -> str:
+    """The answer in one line, before the cells: what changed from A to B, or that nothing could be
+    shown to, and why (too few launches) when that is the reason."""
+    n = len(r.changes)
+    faster = [c for c in r.changes if c.verdict == FASTER]
+    slower = [c for c in r.changes if c.verdict == SLOWER]
+    if faster or slower:
+        def cells(cs):
+            return ", ".join(f"{c.config} {c.size_bytes} B {c.mode} {c.ratio_text()}" for c in cs[:3]) + (
+                f" (+{len(cs) - 3} more)" if len(cs) > 3 else "")
+        parts = ([f"B certified faster in {len(faster)} cell(s): {cells(faster)}"] if faster else []) + (
+            [f"B certified slower in {len(slower)} cell(s): {cells(slower)}"] if slower else [])
+        return f"conclusion ({n} cells): " + "; ".join(parts)
+    short = sum(1 for c in r.changes if c.verdict == NOT_CERTIFIED and c.p is not None and c.p_floor > c.threshold)
+    why = f" ({short} with too few launches to certify: note below)" if short else ""
+    return f"conclusion: no certified change in {n} cells{why}"
+
+
 def render_text(r: CompareResult) -> str:
     """The console table: per cell A's and B's gmean (the number the sweep table shows for that cell)
     and the Hodges-Lehmann ratio, with the answer on the line under it (100 columns)."""
-    lines = [f"A: {r.run_a}", f"B: {r.run_b}"]
+    lines = [f"A: {r.run_a}", f"B: {r.run_b}", conclusion(r)]
     if r.same_run:
         lines.append("note: B holds the same run as A (a copy: same start time and seed), so nothing can differ")
     lines += [f"B vs A: exact rank test per cell on launch values, {100 * (1 - r.alpha):.0f}% family-wise over "
@@ -230,8 +248,8 @@ def render_text(r: CompareResult) -> str:
             lines.append(f"{'':>14}{c.label}")
     for (na, nb, thr), floor in floors.items():
         lines.append(f"note: with {na} vs {nb} launches the smallest p the exact test can give is {floor:.2g}, "
-                     f"above the {thr:.2g} needed: about {stats.launches_to_reach(thr)} launches per run could "
-                     "certify a change")
+                     f"above the {thr:.2g} needed: about {stats.launches_to_reach(thr)} launches of such a cell "
+                     "in each of A and B could certify a change (the run with fewer launches limits it)")
     if r.only_a or r.only_b:
         lines.append(f"configs only in A: {', '.join(r.only_a) or '-'}; only in B: {', '.join(r.only_b) or '-'}")
     for w in r.warnings:

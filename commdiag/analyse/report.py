@@ -120,9 +120,17 @@ def doc_link(page: str, anchor: str | None = None, text: str | None = None) -> s
 PLOTLY_MISSING = "plotly is not installed here (pip install plotly)"
 
 
+# plotly.js's own cartesian bundle (scatter, heatmap, ...: what the pages draw), vendored: 1.5 MB
+# where the plotly package's full bundle is 4.8 MB (plotlyjs/README.md has the source and license)
+PLOTLY_BUNDLE = Path(__file__).with_name("plotlyjs") / "plotly-cartesian.min.js"
+
+
 def plotly_missing() -> str | None:
-    """Why report.html cannot be written here (None: it can): the page embeds plotly.js from the plotly
-    package, which a server's venv installed without commdiag's dependencies may lack."""
+    """Why report.html cannot be written here (None: it can): the page embeds the vendored plotly.js
+    bundle, or else the plotly package's, which a server's venv installed without commdiag's
+    dependencies may lack."""
+    if PLOTLY_BUNDLE.is_file():
+        return None
     try:
         from plotly.offline import get_plotlyjs  # noqa: F401
     except ImportError:
@@ -131,6 +139,8 @@ def plotly_missing() -> str | None:
 
 
 def plotly_js() -> str:
+    if PLOTLY_BUNDLE.is_file():
+        return PLOTLY_BUNDLE.read_text(encoding="utf-8")
     try:
         from plotly.offline import get_plotlyjs
     except ImportError:
@@ -333,17 +343,23 @@ def _stage2_figure(verdicts: verdict.Verdicts) -> dict | None:
     if not verdicts.certifications:
         return None
     data = []
+    # a two-level axis: the claim (config, band, mode) under its two columns, default and the config; one
+    # legend entry per side (grey: default, blue: the claim's config), so the ticks stay short
     for i, c in enumerate(verdicts.certifications):
-        label = plot_text(f"{c.claim.config} {c.claim.where}")
-        for arm, vals, color in (("default", c.default_us, "#7f7f7f"), (c.claim.config, c.config_us, "#1f77b4")):
-            data.append({"type": "scatter", "mode": "markers", "name": plot_text(arm), "showlegend": False,
-                         "x": [f"{label}: {plot_text(arm)}"] * len(vals), "y": list(vals),
+        claim = plot_text(f"{c.claim.config}, {c.claim.band} band" if c.claim.band is not None
+                          else f"{c.claim.config}, {c.claim.size_bytes} B")
+        for side, arm, vals, color in (("default", "default", c.default_us, "#7f7f7f"),
+                                       ("config", c.claim.config, c.config_us, "#1f77b4")):
+            data.append({"type": "scatter", "mode": "markers", "legendgroup": side, "showlegend": i == 0,
+                         "name": "default (the reference)" if side == "default" else "the claim's config",
+                         "x": [[claim] * len(vals), [plot_text(arm)] * len(vals)], "y": list(vals),
                          "marker": {"color": color, "size": 7, "opacity": 0.7},
-                         "hovertemplate": f"{label}<br>{plot_text(arm)}: %{{y:.3f}} us<extra></extra>"})
+                         "hovertemplate": f"{claim}<br>{plot_text(arm)}: %{{y:.3f}} us<extra></extra>"})
     return {"id": "stage2", "title": "Stage 2 launches per claim", "data": data,
             "layout": _layout("Stage 2: each fresh launch's band value (us, geometric mean over the band's sizes)",
-                              {"type": "category"},
-                              _axis("band value (us)", values=[y for t in data for y in t["y"]]))}
+                              {"type": "multicategory", "title": {"text": "claim, then the side of it"}},
+                              _axis("band value (us)", values=[y for t in data for y in t["y"]]),
+                              showlegend=True)}
 
 
 # ---------------------------------------------------------------- HTML
@@ -357,6 +373,32 @@ th{background:#f4f4f4} td.num{text-align:right;font-variant-numeric:tabular-nums
 .bad{background:#f8d0c8} .warn{color:#8a4b00} pre{background:#f7f7f7;padding:.5em;overflow:auto;max-height:30em;font-size:11px}
 .plot{min-height:300px} #js-errors{color:#b00;font-weight:bold}
 """
+
+
+def key_table(data, limit: int = 2000) -> str:
+    """A nested mapping as a two-column table, one row per leaf (``fingerprint.launcher.hostname``):
+    readable where a JSON dump is not; lists of scalars on one line, longer values in full."""
+    rows: list[list[str]] = []
+
+    def walk(prefix: str, v) -> None:
+        if len(rows) >= limit:
+            return
+        if isinstance(v, dict) and v:
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), x)
+        elif isinstance(v, list) and v and any(isinstance(x, (dict, list)) for x in v):
+            for i, x in enumerate(v):
+                walk(f"{prefix}[{i}]", x)
+        else:
+            text = (", ".join(map(str, v)) if isinstance(v, list) else "" if v is None else
+                    "{}" if v == {} else str(v))
+            rows.append([prefix, text])
+
+    walk("", data)
+    if not rows:
+        return "<p>Not recorded.</p>"
+    more = f"<p>(first {limit} entries; run.json has the rest)</p>" if len(rows) >= limit else ""
+    return _table(["key", "value"], rows) + more
 
 
 def _table(head: list[str], rows: list[list[str]], raw_cells: bool = False) -> str:
@@ -542,18 +584,22 @@ def build_html(data: results.RunData, verdicts: verdict.Verdicts, values: list[s
     b.append("<h2>The machine during the launches</h2>")
     b.append(machinereport.html_section(run, verdicts))
     b.append("<h2>What each rank saw, and what NCCL applied</h2>")
-    b.append(f"<p>{esc(run.get('nccl_debug'))}</p>")
+    if spec.get("backend") == "gloo":
+        b.append("<p>NCCL itself: not applicable (gloo never loads NCCL). What each rank's environment held "
+                 "(os.environ and libc getenv), which is what a worker would hand NCCL:</p>")
+    else:
+        b.append(f"<p>{esc(run.get('nccl_debug'))}</p>")
     b.append(_confirmations(run))
     b.append("<h2>Configs</h2>")
     b.append(_table(["config", "origin", "settings (on top of base_env)"],
                     [[c["name"], c.get("origin"), " ".join(f"{k}={v}" for k, v in c.get("overrides", {}).items())]
                      for c in run.get("configs", [])]))
     b.append("<h2>Environment fingerprint</h2>")
-    b.append(f"<pre>{esc(json.dumps(run.get('fingerprint'), indent=1))}</pre>")
+    b.append(key_table(run.get("fingerprint")))
     b.append("<h2>Method</h2>")
-    b.append(f"<pre>{esc(json.dumps(run.get('method'), indent=1))}</pre>")
+    b.append(key_table(run.get("method")))
     b.append("<h2>Spec</h2>")
-    b.append(f"<pre>{esc(json.dumps(run.get('spec_given', spec), indent=1))}</pre>")
+    b.append(key_table(run.get("spec_given", spec)))
     b.append(f"<p><small>commdiag {esc(__version__)}</small></p>")
     return page(f"commdiag report: {spec.get('name')}", "\n".join(b), figs)
 
@@ -583,6 +629,8 @@ def _timings_section(summary, tokens_by_size: dict, values: list[stats.LaunchVal
 
 def _explain_section(run: dict, tokens_by_size: dict) -> str:
     ex = run.get("explain")
+    if not ex and (run.get("spec") or {}).get("backend") == "gloo":
+        return "<p>Not applicable: gloo never loads NCCL, so NCCL chose nothing (explain runs nccl runs only).</p>"
     if not ex:
         return ("<p>Not recorded. <code>commdiag explain RUN_DIR</code> (or <code>sweep --explain</code>) adds one "
                 "untimed launch per config with NCCL's TUNING log, to show the algorithm, protocol and channels "

@@ -130,10 +130,9 @@ def screen(values: list[LaunchValue], *, configs: list[str], modes: list[str], t
     if DEFAULT not in configs:
         warnings.append("no 'default' config in this run: nothing to compare against")
 
-    def estimate(c, md, size, tokens, band, groups: dict[str, dict[int, float]]) -> Estimate:
+    def estimate(c, md, size, tokens, band, groups: dict[str, dict[int, float]], noise: float | None) -> Estimate:
         xs = [groups[c][l] for l in sorted(groups[c])]
         ys = [groups[DEFAULT][l] for l in sorted(groups[DEFAULT])] if DEFAULT in groups else []
-        noise = pooled_sd([list(g.values()) for g in groups.values()])
         return Estimate(c, md, size, tokens, band, exp(mean(xs)), exp(mean(ys)) if ys else None,
                         exp(mean(xs) - mean(ys)) if ys else None,
                         tuple(round(exp(v), 4) for v in xs), tuple(round(exp(v), 4) for v in ys),
@@ -147,7 +146,7 @@ def screen(values: list[LaunchValue], *, configs: list[str], modes: list[str], t
             sd = pooled_sd([list(g.values()) for g in groups.values()])
             if sd is not None and sd > NOISE_WARN:
                 noisy.append(sd)
-            cells += [estimate(c, md, s, tokens_by_size.get(s), None, groups) for c in others if c in groups]
+            cells += [estimate(c, md, s, tokens_by_size.get(s), None, groups, sd) for c in others if c in groups]
         if noisy:
             warnings.append(f"{md}: launch-to-launch noise {min(noisy) * 100:.0f}-{max(noisy) * 100:.0f}% (sd of ln "
                             f"time) at {len(noisy)} of {len(sizes)} sizes; certifying an effect there needs many "
@@ -159,7 +158,8 @@ def screen(values: list[LaunchValue], *, configs: list[str], modes: list[str], t
             if not bs:
                 continue
             groups = {c: g for c, g in band_values(values, bs, md).items() if g}
-            band_cells += [estimate(c, md, None, None, b, groups) for c in others if c in groups]
+            sd = pooled_sd([list(g.values()) for g in groups.values()])  # once per band, not per config (racing's simulation)
+            band_cells += [estimate(c, md, None, None, b, groups, sd) for c in others if c in groups]
     return Screening(tuple(modes), tuple(configs), bands, band_sizes, tuple(cells), tuple(band_cells), excluded,
                      tuple(warnings))
 

@@ -40,7 +40,8 @@ class Spread:
     stat: str = "median"
 
     def text(self, fmt: str = "{:.1f}", scale: float = 1.0) -> str:
-        return (fmt.format(self.value * scale) + " [" + fmt.format(self.lo * scale) + "-"
+        # " to " between the ends: a hyphen reads as a minus beside negative shares ([-49.2% to 26.6%])
+        return (fmt.format(self.value * scale) + " [" + fmt.format(self.lo * scale) + " to "
                 + fmt.format(self.hi * scale) + f"] n={self.launches}")
 
 
@@ -113,7 +114,7 @@ def render(rows: list[StepRow], names=str) -> str:
     if not rows:
         return "step: no measured steps yet"
     out = ["step time and the all-reduces' share",
-           "  step: gmean [min-max] over n launches; comm share: 1 - compute-only / step per launch, median"]
+           "  step: gmean [min to max] over n launches; comm share: 1 - compute-only / step per launch, median"]
     width = max(len(r.step_us.text()) for r in rows)
     for mode in dict.fromkeys(r.mode for r in rows):
         out.append(f"  {mode} mode")
@@ -140,7 +141,7 @@ def _alone_meaning(alone: float, share: float | None) -> str:
     if share is None or share <= 0:
         return ""
     if abs(alone / share - 1) <= 0.1:
-        return ": about the share: they add their own time to the step"
+        return ": about what they add: nothing overlaps them"
     if alone > share:
-        return ": more than the share: part of it hides inside the step"
-    return ": less than the share: they cost more inside the step"
+        return ": more than they add: compute hides part of them"
+    return ": less than they add: inside the step they run slower"

@@ -67,7 +67,9 @@ def row_notes(run: dict, rows: list[tuple], values: list[LaunchValue]) -> list[s
         configs2 = {c for c, _, _ in stage2}
         modes2 = {m for _, _, m in stage2}
         sizes2 = {s for _, s, _ in stage2}
-        plain = [c for c in dict.fromkeys(r[0] for r in rows) if c not in configs2]
+        # default is every claim's reference, never a claim itself (after a Ctrl-C it may have no
+        # stage-2 launch yet)
+        plain = [c for c in dict.fromkeys(r[0] for r in rows) if c not in configs2 and c != "default"]
         if plain:
             notes.append(f"note: {', '.join(plain)}: screening launches only (not a stage-2 claim)")
         modes = [m for m in dict.fromkeys(r[3] for r in rows) if m not in modes2]

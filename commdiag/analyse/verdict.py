@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import certify, confounders, screening, stats
+from . import certify, confounders, racing, screening, stats
 from .certify import Certification
 from .screening import Screening
 from .stats import ALPHA, MIN_EFFECT
@@ -126,7 +126,7 @@ def evaluate(values: list[stats.LaunchValue], run: dict, excluded: dict[str, str
     from dataclasses import replace
 
     v = _evaluate(values, run, excluded)
-    return replace(v, notes=tuple(_rejudged(v) + _notes(v, run)),
+    return replace(v, notes=tuple(_rejudged(v) + _notes(v, run) + racing.notes(run)),
                    confounders=confounders.check(run, v.certifications + v.size_certifications))
 
 
@@ -176,7 +176,13 @@ def _notes(v: Verdicts, run: dict) -> list[str]:
     tested = sorted({c.claim.config for c in v.certifications if c.claim.config in twins})
     same = (", identical to default under gloo (gloo never loads NCCL):" if loose
             else " (identical to default)")
-    where = ("tested in stage 2 and not certified" if tested else "not even a screening candidate")
+    # one twin's stage-2 test is no claim about another twin that screening did not nominate
+    untested = [c for c in twins if c not in tested]
+    if tested and untested:
+        where = (f"{', '.join(tested)} tested in stage 2 and not certified; {', '.join(untested)} "
+                 "not tested in stage 2 (not a claim)")
+    else:
+        where = ("tested in stage 2 and not certified" if tested else "not even a screening candidate")
     notes.append(f"A/A check: PASS: {names}{same} " + where
                  + (", and not certified at any size (--certify-sizes)" if sized else ""))
     return notes

@@ -431,7 +431,11 @@ dist.destroy_process_group()
 
 
 def gpu_count() -> int:
-    """Visible CUDA GPUs, via torch (imports torch: only for --nccl)."""
+    """Visible CUDA GPUs, via torch (imports torch: only for --nccl); 0 at once without a driver."""
+    from . import gpusigns
+
+    if gpusigns.no_cuda_driver():
+        return 0
     try:
         import torch
     except ImportError:

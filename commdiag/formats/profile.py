@@ -83,7 +83,8 @@ def parse(text: str, origin: str = "<profile>") -> Profile:
             raise CommdiagError(f"{origin}: line {n}: contains {what}; sh and commdiag would read this line "
                                 "differently, so it is refused (save the file with plain LF line ends)")
     if not lines or not lines[0].startswith(PROFILE_HEADER):
-        raise CommdiagError(f"{origin}: line 1: expected '{PROFILE_HEADER} {PROFILE_VERSION}' (is this a commdiag profile?)")
+        raise CommdiagError(f"{origin}: line 1: expected '{PROFILE_HEADER} {PROFILE_VERSION}' (is this a commdiag profile? "
+                             "The format: docs/formats.md#profiles)")
     try:
         version = int(lines[0][len(PROFILE_HEADER):].strip())
     except ValueError:

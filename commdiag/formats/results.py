@@ -64,11 +64,18 @@ Format history of run.json (bump RUN_FORMAT_VERSION on any incompatible change):
        on servers started with it instead of torchrun or a child that kept the server's value.
        Bumped so that an older commdiag, whose servers did not, cannot resume or confirm such a run.
        Version 1-5 folders are still read.
+    7  racing (analyse/racing.py, docs/formats.md): launch status ``dropped`` (final, never run: screening
+       stopped launching its config after a trial showed it far slower than default in every band and
+       mode; the launch's ``dropped`` says why), run.json ``racing`` ({enabled, looks: [{after_trial,
+       dropped: [{config, after_trial, reason, margin_se}]}]}) and ``spec.racing``.  Bumped because an
+       older commdiag refuses the status (it would not read, resume or confirm such a run).  Version 1-6
+       folders are still read: their spec has no ``racing`` and runs every launch.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +86,7 @@ from ..atomic import write_json, write_text
 from ..errors import CommdiagError, brief
 
 RUN_FORMAT = "commdiag-run"
-RUN_FORMAT_VERSION = 6  # 6: run.launch.server_groups, launches[].server_group (history above)
+RUN_FORMAT_VERSION = 7  # 7: launch status dropped, run.racing (history above)
 
 SAMPLES_COLUMNS = ["config", "trial", "launch", "size_bytes", "tokens", "mode", "via", "iteration", "time_us",
                    "enqueue_us"]
@@ -87,9 +94,10 @@ SUMMARY_COLUMNS = ["config", "size_bytes", "tokens", "mode", "via", "median_us",
                    "launch_median_min_us", "launch_median_max_us", "launches", "samples",
                    "algbw_gbps", "busbw_gbps", "wrong"]
 
-# Launch statuses.  "pending" launches are (re)run by --resume; the others are final.
-PENDING, OK, FAILED, TIMEOUT, INCORRECT = "pending", "ok", "failed", "timeout", "incorrect"
-FINAL_STATUSES = (OK, FAILED, TIMEOUT, INCORRECT)
+# Launch statuses.  "pending" launches are (re)run by --resume; the others are final.  "dropped": never
+# run, racing stopped launching its config (analyse/racing.py); it neither fails nor counts as measured.
+PENDING, OK, FAILED, TIMEOUT, INCORRECT, DROPPED = "pending", "ok", "failed", "timeout", "incorrect", "dropped"
+FINAL_STATUSES = (OK, FAILED, TIMEOUT, INCORRECT, DROPPED)
 
 
 def launch_dir(run_dir: Path, index: int) -> Path:
@@ -100,19 +108,26 @@ def save_run(run_dir: Path, run: dict) -> None:
     write_json(Path(run_dir) / "run.json", run)
 
 
-def load_run_json(run_dir: str | Path) -> dict:
+def read_run_file(run_dir: str | Path, fmt: str, kind: str) -> tuple[Path, dict]:
+    """``run_dir``/run.json read through the one reader and checked to be a ``fmt`` object: every kind of
+    run folder (a sweep's, ab's) starts its load here; one error naming the file otherwise."""
     path = Path(run_dir) / "run.json"
     try:
         run = json.loads(readfile.read_text(path, what="run folder"))
     except FileNotFoundError:
-        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag run folder?") from None
+        raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag {kind} folder?") from None
     except (OSError, ValueError) as e:
-        raise CommdiagError(f"{path}: cannot read: {e}") from None
+        raise CommdiagError(f"{path}: cannot read: {str(e)[:200]}") from None
     except RecursionError:
         raise CommdiagError(f"{path}: cannot read: nested too deeply to be a run.json") from None
-    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+    if not isinstance(run, dict) or run.get("format") != fmt:
         found = run.get("format") if isinstance(run, dict) else type(run).__name__
-        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag run ({RUN_FORMAT!r})")
+        raise CommdiagError(f"{path}: format: {found!r} is not a commdiag {kind.removesuffix(' folder')} ({fmt!r})")
+    return path, run
+
+
+def load_run_json(run_dir: str | Path) -> dict:
+    path, run = read_run_file(run_dir, RUN_FORMAT, "run folder")
     version = run.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CommdiagError(f"{path}: version: {version!r} is not a run format version (1..{RUN_FORMAT_VERSION})")
@@ -367,6 +382,7 @@ def load_run(run_dir: str | Path) -> RunData:
     finished = [l for l in run["launches"] if isinstance(l, dict) and l.get("status") != PENDING]
     if samples_path is not None and summary_path.exists():
         samples, summary = _read_table(samples_path, _NEEDED_SAMPLES), _read_table(summary_path, _NEEDED_SUMMARY)
+        _check_whole(run_dir, samples_path, samples, summary, run)
     elif (run_dir / "launches").is_dir():
         samples, summary = assemble(run_dir, run, write=False)
     elif not finished:
@@ -384,6 +400,42 @@ def load_run(run_dir: str | Path) -> RunData:
                             f"({len(finished)} launches are recorded as finished in run.json); restore them "
                             "from a copy of the run folder")
     return RunData(run_dir, run, samples, summary)
+
+
+def _check_whole(run_dir: Path, samples_path: Path, samples, summary, run: dict) -> None:
+    """Every verdict rests on samples.csv: a truncated or cut copy (a full disk, ``head -c``, a
+    partial scp) would change verdicts silently.  It must end with a whole row, hold every sample that
+    summary.csv counts per series, and hold every launch run.json records as measured; otherwise one
+    error says exactly what is missing and how to get it back."""
+    fix = (f"; delete {samples_path.name} and summary.csv and commdiag rebuilds them from launches/"
+           if (run_dir / "launches").is_dir() else "; restore it from a copy of the run folder")
+    if samples_path.suffix == ".csv":
+        with open(samples_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 1))
+            if size and f.read(1) != b"\n":
+                raise CommdiagError(f"{samples_path}: its last row is cut off (the file does not end with a whole "
+                                    f"line: truncated?){fix}")
+    if "samples" in summary.columns:
+        keys = ["config", "size_bytes", "mode", "via"]
+        have = samples.groupby(keys, dropna=False).size()
+        short = []
+        for row in summary.itertuples(index=False):
+            want = int(getattr(row, "samples"))
+            got = int(have.get(tuple(getattr(row, k) for k in keys), 0))
+            if got != want:
+                short.append(f"{row.config} {row.size_bytes} B {row.mode}/{row.via}: {got} of {want}")
+        if short:
+            raise CommdiagError(f"{samples_path}: {len(samples)} rows where summary.csv counts "
+                                f"{int(summary['samples'].sum())}: {len(short)} series differ ({'; '.join(short[:3])}"
+                                f"{'; ...' if len(short) > 3 else ''}){fix}")
+    measured = {l["index"] for l in run.get("launches", []) if isinstance(l, dict) and l.get("status") == OK}
+    missing = sorted(measured - set(int(x) for x in samples["launch"].dropna().unique()))
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise CommdiagError(f"{samples_path}: no rows for {len(missing)} launch(es) run.json records as measured "
+                            f"(launch {shown}){fix}")
 
 
 _NEEDED_SAMPLES = ["config", "launch", "size_bytes", "tokens", "mode", "via", "time_us"]

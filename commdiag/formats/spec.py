@@ -100,6 +100,9 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "vias": ((list, type(None)), None),
     "replay_stream": ((str,), "side"),
     "reuse_process": ((bool,), False),
+    # screening stops launching a config that already loses clearly in every band and mode
+    # (analyse/racing.py); false: every config in every trial (the plan before 2026-12-04)
+    "racing": ((bool,), True),
     "launch": ((str, type(None)), None),
     "timeout_s": ((int, float), 180),
     "base_env": ((dict, type(None)), None),
@@ -169,6 +172,7 @@ class Spec:
     model: dict | None = None
     # ms of timing per size, mode and call path (None: exactly ``iters``; runs stored before the key)
     time_per_size_ms: float | None = None
+    racing: bool = True
     # launch: torchrun across named hosts: one torchrun agent per host, started through the user's
     # node_command ({host}/{index} filled in; measure/hosts.py); () on one box or under Slurm
     hosts: tuple[str, ...] = ()
@@ -194,6 +198,7 @@ class Spec:
             d.setdefault("window_us", 500.0)
         d["warnings"] = tuple(d.get("warnings", ()))
         d["confirm_configs"] = tuple(d.get("confirm_configs", ()))
+        d.setdefault("racing", False)  # a run stored before racing (format <= 6) keeps its full plan
         d["hosts"] = tuple(d.get("hosts", ()))
         d["node_command"] = tuple(d.get("node_command", ()))
         return cls(**d)
@@ -478,11 +483,20 @@ def _resolve_node_command(path, command, hosts) -> tuple[str, ...]:
     return tuple(command)
 
 
+def did_you_mean(key, allowed) -> str:
+    """``: did you mean `trials`?`` for a key one typo away from an allowed one, else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.75)
+    return f": did you mean `{close[0]}`?" if close else ""
+
+
 def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
     warnings: list[str] = []
     for key, value in raw.items():
         if key not in _TOP_KEYS:
-            raise SpecError(path, _fld(key), f"unknown key (allowed: {', '.join(_TOP_KEYS)})")
+            raise SpecError(path, _fld(key), f"unknown key{did_you_mean(key, _TOP_KEYS)} "
+                                             f"(allowed: {', '.join(_TOP_KEYS)})")
         types, _ = _TOP_KEYS[key]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
             raise SpecError(path, key, f"{brief(value)} must be {_type_name(types)}")
@@ -579,6 +593,11 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         sizes_raw = {**sizes_raw, "hidden": model["hidden"]}
     sizes = _resolve_sizes(path, sizes_raw, dtype, large)
     base_env = _env_map(path, "base_env", get("base_env"), warnings)
+    if "configs" in raw and not raw["configs"] and not raw.get("grid"):
+        # an empty configs: is a spec half written, not a request to time default alone (which leaves
+        # nothing to compare; leave configs: out for that)
+        raise SpecError(path, "configs", "empty: give at least one config besides default, e.g. "
+                                         "seed: {NCCL_PROTO: LL}, or a grid: (leave configs out to time default alone)")
     configs = _resolve_configs(path, raw, base_env, warnings, large)
     if not large and len(configs) * trials > LIMITS["launches"]:
         raise SpecError(path, "trials", f"{len(configs)} configs x {trials} trials = {len(configs) * trials} "
@@ -598,7 +617,7 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         trials=trials, warmup=warmup, iters=iters, batch=batch, window_us=float(window_us), modes=modes,
         timeout_s=float(timeout_s), base_env=base_env, configs=configs, seed=seed, bands=bands,
         raw=raw, warnings=tuple(warnings), vias=vias, replay_stream=replay_stream,
-        reuse_process=bool(get("reuse_process")), launch=launch,
+        reuse_process=bool(get("reuse_process")), launch=launch, racing=bool(get("racing")),
         confirm_configs=confirm_configs, confirm_rounds=confirm_rounds,
         model=model, time_per_size_ms=None if model else time_per_size_ms,
         hosts=hosts, node_command=node_command,

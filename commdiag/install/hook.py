@@ -464,9 +464,13 @@ def render_plan(plan: Plan) -> str:
     for d in plan.mkdirs:
         out.append(f"mkdir {d} (0755)")
     for c in plan.changes:
-        head = f"--- {c.shown}: {c.why} ({c.before.kind} -> {c.after.kind}"
-        head += f", mode {c.after.mode:04o})" if c.after.mode is not None else ")"
-        out.append(head)
+        # the path written (under --root: the staged one) on a line of its own, what and why below it,
+        # so a line is a path or at most 100 columns; under --root, the target's path on a third line
+        out.append(f"--- {c.path}:")
+        out.append(f"    {c.why} ({c.before.kind} -> {c.after.kind}"
+                   + (f", mode {c.after.mode:04o})" if c.after.mode is not None else ")"))
+        if c.path != c.shown:
+            out += ["    staged under --root; the target system's path:", f"    {c.shown}"]
         if c.path.endswith(".pyc") or c.after.kind != hookplan.FILE and c.before.kind != hookplan.FILE:
             continue
         if c.before.binary or c.after.binary:  # a compiled library: its size and hash, never its bytes
@@ -476,7 +480,7 @@ def render_plan(plan: Plan) -> str:
         if c.before.kind == hookplan.FILE:
             out += [l.rstrip("\n") for l in difflib.unified_diff(
                 c.before.text().splitlines(True), c.after.text().splitlines(True),
-                fromfile=f"{c.shown} (now)", tofile=f"{c.shown} (planned)")]
+                fromfile=f"{c.path} (now)", tofile=f"{c.path} (planned)")]
         else:
             out += ["+" + l for l in c.after.text().splitlines()]
     for d in plan.rmdirs:
@@ -603,6 +607,9 @@ def render_install(res: InstallResult) -> str:
     head = {("install", True): "plan (dry run: nothing changed)", ("install", False): "installed",
             ("uninstall", True): "uninstall plan (dry run: nothing changed)", ("uninstall", False): "uninstalled"}
     lines = [f"{head[(res.plan.action, res.dry_run)]}; manifest: {res.state_dir}"]
+    if any(c.path != c.shown for c in res.plan.changes):
+        lines.append("  staged under --root: every file below is written inside it; the paths after 'why' "
+                     "are the target system's")
     lines += [f"  names a file: {f}" for f in res.named_files]  # first: what every NCCL process will open
     lines += [f"  why: {n}" for n in res.plan.notes]
     lines += [f"  warning: {w}" for w in (*res.warnings, *res.plan.warnings)]
@@ -615,7 +622,7 @@ def render_install(res: InstallResult) -> str:
     if res.dry_run:
         lines.append(res.diff)
     else:
-        lines += [f"  {c.why}: {c.shown} ({c.before.kind} -> {c.after.kind})" for c in res.plan.changes]
+        lines += [f"  {c.why}: {c.path} ({c.before.kind} -> {c.after.kind})" for c in res.plan.changes]
         if res.plan.empty:
             lines.append("  nothing to change: already in place")
     for v in res.verification:

@@ -179,10 +179,14 @@ class StatusResult:
     state_dirs: tuple[str, ...]
     installs: tuple[InstallStatus, ...]
     missing_for: str | None = None  # --python X was given and nothing is installed for X
+    asked: bool = False  # --python or expected settings were given: "nothing installed" fails the check
 
     @property
     def ok(self) -> bool:
-        return bool(self.installs) and all(i.ok for i in self.installs) and self.missing_for is None
+        # Plain --status is a question, and "nothing installed" an answer (exit 0); asked about an
+        # interpreter or settings, nothing installed is a failed check (exit 1)
+        return ((bool(self.installs) or not self.asked) and all(i.ok for i in self.installs)
+                and self.missing_for is None)
 
     def to_json(self) -> dict:
         return {"format": "commdiag-hook-status", "version": 1, "ok": self.ok, "state_dirs": list(self.state_dirs),
@@ -320,7 +324,7 @@ def status(*, python: str | None = None, flags=(), root: str | None = None,
     missing = None
     if python is not None and not any(i.record["kind"] == "python" for i in out):
         missing = hooks.executable
-    return StatusResult(tuple(dirs), tuple(out), missing)
+    return StatusResult(tuple(dirs), tuple(out), missing, asked=python is not None or expected is not None)
 
 
 def render_status(res: StatusResult) -> str:

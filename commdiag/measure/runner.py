@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from .. import __version__, atomic, procs
 from ..errors import CommdiagError
-from ..formats.results import OK, PENDING  # the launch statuses every kind shares (ab/runfile.py: the same)
+from ..formats.results import DROPPED, OK, PENDING  # the launch statuses every kind shares (ab/runfile.py: the same)
 from . import launcher, machinestate, runlock
 from .launcher import Progress
 
@@ -52,7 +52,7 @@ class RunResult:
 
     @property
     def all_ok(self) -> bool:
-        return self.state == "complete" and set(self.counts) <= {OK}
+        return self.state == "complete" and set(self.counts) <= {OK, DROPPED}
 
 
 def head(fmt: str, version: int, spec) -> dict:
@@ -142,14 +142,26 @@ class Folder:
     def run_pending(self, one: Callable[[list[dict]], float], *, keys: tuple[str, ...],
                     batches: Callable[[list[dict]], list[list[dict]]] = lambda p: [[l] for l in p],
                     on_progress: Callable[[Progress], None] | None = None,
-                    launches: list[dict] | None = None) -> bool:
+                    launches: list[dict] | None = None,
+                    after: Callable[[list[dict]], None] | None = None,
+                    eta: Callable[[list[dict]], float | None] | None = None,
+                    stop: Callable[[list[dict]], str | None] | None = None) -> bool:
         """Run every pending launch of ``launches`` (default run.json's) in order, ``batches`` of them per
-        ``one`` call; True when interrupted (the batch in flight is pending again, keeping only ``keys``)."""
+        ``one`` call; True when interrupted (the batch in flight is pending again, keeping only ``keys``).
+        ``after(batch)``: the kind's look after each batch; it may settle pending launches (sweep's racing
+        drops them), which are then skipped.  ``eta(left)``: the seconds the pending launches ``left`` take
+        (default: their count x this call's wall per launch, the servers' one-time start left out:
+        ``per_launch``).  ``stop(pending)``: after each batch, a reason to stop here (run.json
+        ``stopped``, state ``stopped``: ab's first round that failed the same way for every arm), or None
+        to go on."""
         procs.take_back_sigint()  # resumable after Ctrl-C, however the command was started
         pending = self.pending(launches)
         walls: list[float] = []
         done = 0
         for batch in batches(pending):
+            batch = [l for l in batch if l["status"] == PENDING]  # ``after`` may have settled them
+            if not batch:
+                continue
             try:
                 wall = one(batch)
             except KeyboardInterrupt:  # the kind ended its processes; its launches have no result
@@ -165,12 +177,21 @@ class Folder:
                 return True
             try:
                 walls.append(wall / len(batch))
+                if after:
+                    after(batch)
                 self.save()
-                for launch in batch:
+                rest = [l for l in pending if l["status"] == PENDING]
+                for i, launch in enumerate(batch):
                     done += 1
                     if on_progress:
-                        left = len(pending) - done
-                        on_progress(Progress(done, len(pending), launch, left * sum(walls) / len(walls)))
+                        left = len(rest) + len(batch) - 1 - i
+                        est = eta(rest) if eta else left * per_launch(walls, batch)
+                        on_progress(Progress(done, done + left, launch, est))
+                why = stop(pending) if stop else None
+                if why:
+                    self.run["stopped"] = why
+                    self.save()
+                    return False
             except KeyboardInterrupt:  # between launches (saving, printing): the finished batch stands
                 self.save()
                 self.interrupted = True
@@ -180,7 +201,7 @@ class Folder:
     def finish(self) -> RunResult:
         """The run's end: complete, or interrupted (resumable); saved; what the kind returns."""
         run = self.run
-        run["state"] = "interrupted" if self.interrupted else "complete"
+        run["state"] = "interrupted" if self.interrupted else "stopped" if run.get("stopped") else "complete"
         run["finished_utc"] = None if self.interrupted else launcher.utc_now()
         self.save()
         return RunResult(self.path, run["state"], counts(run["launches"]), tuple(run.get("warnings", ())))
@@ -192,3 +213,13 @@ def counts(launches: list[dict]) -> dict[str, int]:
     for l in launches:
         out[l["status"]] = out.get(l["status"], 0) + 1
     return out
+
+
+def per_launch(walls: list[float], batch: list[dict]) -> float:
+    """Seconds a launch still to come will take, for the ETA.  The first launch of a call carries the
+    launch servers' one-time start (seconds; a CPU launch after it is under one): it is left out once a
+    second launch is in, and before that only its own measuring counts (``measure_s``)."""
+    if len(walls) > 1:
+        return sum(walls[1:]) / (len(walls) - 1)
+    measured = [l.get("measure_s") for l in batch if l.get("launched_by") == "forkserver" and l.get("measure_s")]
+    return sum(measured) / len(measured) if measured else walls[0]

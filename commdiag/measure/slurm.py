@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,7 +209,8 @@ def reap(alloc: Allocation, nnodes: int, marker: str, env: dict[str, str]) -> in
     The reaper's own environment does not carry the marker (it is passed as an argument), so it never
     counts or kills itself or its slurmstepd."""
     reap_env = {k: v for k, v in env.items() if k != launcher.MARKER}
-    argv = srun_argv(alloc, nnodes, 1, module_argv("commdiag.measure.slurm", ["--reap", marker]),
+    # the same reaper as across hosts (measure/hosts.py --reap: kill by marker, wait for the kills)
+    argv = srun_argv(alloc, nnodes, 1, module_argv("commdiag.measure.hosts", ["--reap", marker]),
                      "reap" + marker)
     argv.insert(1, "--overlap")
     _, stdout, _ = _ask(argv, REAP_DEADLINE_S, reap_env)
@@ -218,14 +218,3 @@ def reap(alloc: Allocation, nnodes: int, marker: str, env: dict[str, str]) -> in
                and w.split("=", 1)[1].isdigit())
 
 
-def main(argv: list[str]) -> int:
-    """``python -m commdiag.measure.slurm --reap MARKER``: the reaper task on one node."""
-    if len(argv) == 2 and argv[0] == "--reap":
-        print(f"reaped={launcher.kill_marked(argv[1])}", flush=True)
-        return 0
-    print("usage: python -m commdiag.measure.slurm --reap MARKER", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

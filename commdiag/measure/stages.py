@@ -20,6 +20,7 @@ from ..analyse.stats import LESS, TWO_SIDED
 from ..errors import CommdiagError
 from ..formats import results
 from ..formats.spec import Spec
+from . import eta
 
 @dataclass(frozen=True)
 class StagePlan:
@@ -62,29 +63,103 @@ def check_confirm_rounds(spec: Spec, certify_sizes: bool) -> None:
 
 
 def start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
-    """The first thing a sweep prints: where it writes, how many launches, about how long."""
+    """The first thing a sweep prints: where it writes, how many launches, about how long (eta.py: this run's
+    launches when it has some, else the recorded components)."""
     pending = [l for l in run["launches"] if l["status"] == results.PENDING]
-    per = mean_wall(run)  # this run's own launches (a resume); none yet: no guess, the progress lines say
     stage1 = sum(1 for l in pending if int(l.get("stage", 1)) == 1)
-    then = ("; then stage 2 (confirmation; its plan is printed when screening ends)"
-            if run.get("confirm_requested", True) and run.get("confirmation") is None else "")
+    later = run.get("confirm_requested", True) and run.get("confirmation") is None
+    most = stage2_at_most(spec) if later else 0
+    then = ("" if not later else "; then stage 2 (confirmation; its plan is printed when screening ends): "
+            + ("none, unless screening finds a candidate" if most == 0 else
+               f"at most {most} launches, fewer when screening nominates fewer configs"))
+    cost = eta.measured(run) or eta.recorded(spec, run.get("launch", {}).get("method") or "torchrun")
+    est = eta.remaining_s(spec, run, cost, pending, most)
+    configs = len(run["configs"])
     line = (f"run folder {run_dir}: {len(pending)} launch{'es' if len(pending) != 1 else ''} to run"
-            + (f" ({stage1} screening: {len(run['configs'])} configs x {spec.trials} trials)" if stage1 else "")
-            + (f", about {len(pending) * per / 60:.1f} min at this run's {per:.0f} s a launch" if per
-               else "; the ETA follows from this machine's own launches, from the first one on") + then)
-    lines = [line]
+            + (f" ({stage1} screening: {configs} config{'s' if configs != 1 else ''} x {spec.trials} "
+               f"trial{'s' if spec.trials != 1 else ''}"
+               + ("; racing may drop clear losers" if (run.get("racing") or {}).get("enabled") else "") + ")"
+               if stage1 else "") + then)
+    lines = [line, f"  expected: {minutes(est)} in all" + (" at most" if most else "") + f" ({cost.note})"
+             if est is not None else f"  expected: from the first launch on ({cost.note})"]
     how = run.get("launch", {})
     if how.get("method"):
         lines.append(f"  launch: {how['method']}" + (f" ({how['note']})" if how.get("note") else "")
                      + (f"; fell back earlier in this run: {how['fallback']}" if how.get("fallback") else ""))
     if spec.confirm_rounds and then:
-        _, most, _ = spec_families(spec)
-        thr = certify.threshold(stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA, max(most, 1))
-        if most and paired.smallest_p(spec.confirm_rounds, TWO_SIDED if spec.confirm_configs else LESS) > thr:
+        _, fam, _ = spec_families(spec)
+        thr = certify.threshold(stats.ALPHA / 2 if run.get("certify_sizes") else stats.ALPHA, max(fam, 1))
+        if fam and paired.smallest_p(spec.confirm_rounds, TWO_SIDED if spec.confirm_configs else LESS) > thr:
             lines.append(f"  confirm.rounds: {spec.confirm_rounds} is too few if screening adds every claim it can "
-                         f"({most}): claims beyond its reach would be not certifiable with this plan (auto plans "
+                         f"({fam}): claims beyond its reach would be not certifiable with this plan (auto plans "
                          "the rounds every claim needs)")
-    return StagePlan("start", len(pending), len(pending) * per if per else None, fit(lines))
+    return StagePlan("start", len(pending), est, fit(lines))
+
+
+def minutes(seconds: float) -> str:
+    return f"about {seconds / 60:.1f} min" if seconds >= 90 else f"about {seconds:.0f} s"
+
+
+def stage2_at_most(spec: Spec) -> int:
+    """The most stage-2 launches a sweep of ``spec`` can plan, known before screening: every band adds a
+    screening candidate besides confirm.configs, each round runs default and every claimed config."""
+    from ..analyse.screening import in_band
+
+    rounds = most_rounds(spec)
+    if not rounds:
+        return 0
+    bands = sum(1 for rng in spec.bands.values() if any(in_band(s.tokens, rng) for s in spec.sizes))
+    unnamed = len(spec.configs) - 1 - len(spec.confirm_configs)
+    return rounds * (1 + len(spec.confirm_configs) + min(bands, max(unnamed, 0)))
+
+
+def most_rounds(spec: Spec) -> int:
+    """Stage 2's rounds for the largest family ``spec`` can claim (certify.rounds_needed: floor + spares):
+    every confirm.configs config two-sided and one screening pick one-sided, in every band with sizes;
+    or confirm.rounds; 0 when nothing can be claimed."""
+    from ..analyse.screening import in_band
+
+    bands = [b for b, rng in spec.bands.items() if any(in_band(s.tokens, rng) for s in spec.sizes)]
+    unnamed = len(spec.configs) - 1 - len(spec.confirm_configs)
+    claims = [certify.Claim(c, "graph", b, None, TWO_SIDED, "confirm.configs", None)
+              for b in bands for c in spec.confirm_configs]
+    claims += [certify.Claim("pick", "graph", b, None, LESS, "screening", None) for b in bands if unnamed > 0]
+    if not claims:
+        return 0
+    return spec.confirm_rounds or certify.rounds_needed(claims)
+
+
+def dry_run(spec: Spec, how: str, why: str | None) -> StagePlan:
+    """``commdiag sweep SPEC --dry-run``: the plan (launches per stage, at most how many stage-2 rounds) and
+    its expected wall time from recorded components (eta.py), launched by ``how`` (``why``: why not the
+    spec's), without launching anything."""
+    cost = eta.recorded(spec, how)
+    n1 = len(spec.configs) * spec.trials
+    most = stage2_at_most(spec)
+    _, claims, _ = spec_families(spec)
+    rounds = most_rounds(spec)
+    one1, one2 = cost.launch_s(), cost.launch_s(eta.stage2_graph_share(spec))
+    lines = [f"plan for {spec.path} (nothing is launched):",
+             f"  launch: {how}" + (f" ({why})" if why else ""),
+             f"  stage 1 (screening): {len(spec.configs)} configs x {spec.trials} trials = {n1} launches"
+             + (f", {len(spec.sizes)} sizes x {eta.series(spec)} series each" if spec.sizes else "")
+             + ("; racing stops launching configs that lose clearly after each trial (fewer launches)"
+                if spec.racing else "")]
+    if most:
+        lines.append(f"  stage 2 (confirmation): at most {rounds} rounds x {most // max(rounds, 1)} configs = {most} "
+                     f"launches (up to {claims} claim(s); fewer when screening nominates fewer configs)")
+    else:
+        lines.append("  stage 2 (confirmation): none (no config besides default)")
+    if one1 is None:
+        lines.append(f"  expected: start-up {cost.startup_s * (n1 + most) / 60:.1f} min for {n1 + most} launches, "
+                     f"plus measuring, known from the first launch ({cost.note})")
+        est = None
+    else:
+        est = eta.SERVER_START_S.get(spec.backend, 0.0) * (how == "forkserver") + n1 * one1 + most * one2
+        lines.append(f"  expected: {minutes(est)} at most: {n1} x {one1:.1f} s + {most} x {one2:.1f} s "
+                     f"(stage 2 times one series)" + (" + the launch servers' start" if how == "forkserver" else ""))
+        lines.append(f"    {cost.note}")
+    return StagePlan("dry-run", n1 + most, est, fit(lines))
 
 
 def mean_wall(run: dict) -> float | None:

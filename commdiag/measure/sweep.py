@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 from .. import atomic, metadata
-from ..analyse import verdict
-from . import hosts, launcher, machinestate, runner, serverpool, slurm, stages
+from ..analyse import racing, verdict
+from . import eta, hosts, launcher, machinestate, runner, serverpool, slurm, stages
 from .launcher import Progress
 from ..formats import results
 from ..errors import CommdiagError
@@ -70,9 +70,14 @@ def preflight(spec: Spec) -> int:
     if spec.nnodes > 1 and spec.launch == "torchrun" and not spec.rdzv_endpoint:
         raise CommdiagError(slurm.not_in_allocation_text(spec.nnodes))
     if spec.backend == "nccl":
-        import torch
+        from ..environment import gpusigns
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpusigns.no_cuda_driver():  # seconds sooner than torch's answer (environment/gpusigns.py)
+            gpus = 0
+        else:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus == 0:
             raise CommdiagError(
                 f"{spec.path}: backend: nccl needs CUDA GPUs and this machine has none visible. "
@@ -206,6 +211,7 @@ def new_run(spec: Spec, run_dir: Path, nproc: int) -> dict:
         "fingerprint": {"launcher": metadata.collect_host(), **_nvml_fingerprint(spec)},
         "warnings": list(spec.warnings) + _reuse_warning(spec),
         "launch": _launch_record(spec),
+        "racing": {"enabled": spec.racing, "looks": []},
     }
 
 
@@ -253,6 +259,7 @@ class Starter:
         if run.get("launch", {}).get("fallback"):  # refused earlier in this run: stays off
             self.method = "torchrun"
         self.pool: serverpool.ServerPool | None = None
+        self.started_servers = False
         if spec.hosts and any(l["status"] == results.PENDING for l in run["launches"]):
             # node_command reaches every host, which sees the run folder: one error, not a failed launch each
             checked = hosts.check(spec, run_dir, base_env)
@@ -280,8 +287,10 @@ class Starter:
                     f"salloc -N {self.spec.nnodes} commdiag sweep --resume {self.run_dir}")
                 outcome = launcher.LaunchOutcome(None, False, outcome.wall_s, outcome.killed_survivors, True)
             return outcome, marker, "slurm"
+        self.started_servers = False
         if self.method == "forkserver":
             if self.pool is None:
+                self.started_servers = True  # this launch carries their one-time start (eta.py leaves it out)
                 self.pool = serverpool.ServerPool(self.run["nproc_per_node"], self.base_env,
                                                   self.run_dir / "launch-servers.log")
             marker = self.pool.marker
@@ -378,6 +387,8 @@ def run_sweep(spec: Spec | None = None, *, run_dir: Path | None = None, resume: 
             run["confirm_requested"] = bool(confirm)
             if certify_sizes:
                 run["certify_sizes"] = {"trials": spec.trials}
+                # its per-size claims are tested on stage 1 itself, every config in every trial
+                run["racing"] = {"enabled": False, "looks": [], "note": "off with --certify-sizes"}
             return run
     with runner.opened(run_dir, load=results.load_run_json, save=results.save_run, new=new) as folder:
         _reap_slurm(folder.run)
@@ -479,7 +490,9 @@ def _run_stages(spec: Spec, folder: runner.Folder, base_env: dict, on_progress, 
     def pending(starter: Starter) -> bool:
         return folder.run_pending(lambda batch: _one_process(spec, folder, batch, configs, base_env, sampler, starter),
                                   keys=LAUNCH_KEYS, on_progress=on_progress,
-                                  batches=lambda p: process_batches(p, configs, spec.reuse_process))
+                                  batches=lambda p: process_batches(p, configs, spec.reuse_process),
+                                  after=lambda batch: _race(spec, run, run_dir, on_plan),
+                                  eta=lambda left: _eta(spec, run, left))
 
     with folder.watching(sampler, spec.backend) as sampler:
         starter = Starter(spec, run, run_dir, base_env, on_plan)
@@ -499,6 +512,51 @@ def _run_stages(spec: Spec, folder: runner.Folder, base_env: dict, on_progress, 
     res = folder.finish()
     results.assemble(run_dir, run)
     return res
+
+
+def race(spec: Spec, run: dict, run_dir: Path) -> list[dict]:
+    """After a launch: when it completed a screening trial (and trials remain), screen the trials so far
+    and drop the configs that clearly lose (analyse/racing.py): their pending stage-1 launches become
+    ``dropped``, with the reason, and run.json's ``racing.looks`` records the look.  Returns the drops."""
+    record = run.get("racing") or {}
+    if not record.get("enabled"):
+        return []
+    stage1 = [l for l in run["launches"] if int(l.get("stage", 1)) == 1]
+    open_trials = {l["trial"] for l in stage1 if l["status"] == results.PENDING}
+    if not open_trials:
+        return []
+    after = min(open_trials)  # trials 0 .. after-1 are final
+    if after == 0 or any(lk["after_trial"] >= after for lk in record["looks"]):
+        return []
+    samples, summary = results.assemble(run_dir, run)
+    scr, _ = verdict.screening_of(results.RunData(run_dir, run, samples, summary))
+    already = {d["config"] for lk in record["looks"] for d in lk["dropped"]}
+    drops = racing.decide(scr, after_trial=after, protected=spec.confirm_configs, already=already)
+    record["looks"].append({"after_trial": after, "dropped": [d.to_json() for d in drops]})
+    why = {d.config: d.reason for d in drops}
+    for l in stage1:
+        if l["status"] == results.PENDING and l["config"] in why:
+            l["status"], l["dropped"] = results.DROPPED, why[l["config"]]
+    return [d.to_json() for d in drops]
+
+
+def _race(spec: Spec, run: dict, run_dir: Path, on_plan) -> None:
+    """The pending loop's hook after each batch (runner.Folder.run_pending ``after``): race, and say so."""
+    drops = race(spec, run, run_dir)
+    if drops and on_plan:
+        on_plan(stages.StagePlan("racing", 0, None, stages.fit([f"racing: {d['config']} {d['reason']}"
+                                                                 for d in drops])))
+
+
+def _eta(spec: Spec, run: dict, left: list[dict]) -> float | None:
+    """The progress line's ETA: this run's measured cost (eta.py: the servers' start left out) for what is left."""
+    cost = eta.measured(run)
+    return None if cost is None else eta.remaining_s(spec, run, cost, left)
+
+
+def dry_run(spec: Spec) -> stages.StagePlan:
+    """``commdiag sweep SPEC --dry-run``: the plan and its expected time (stages.dry_run), launching nothing."""
+    return stages.dry_run(spec, *launch_method(spec))
 
 
 # What a pending launch keeps when it is reset: its identity and place in the plan.
@@ -617,6 +675,8 @@ def _one_process(spec: Spec, run_folder: runner.Folder, batch: list[dict], confi
             launch["server_group"] = starter.pool.last_group  # run.json launch.server_groups[N]
         _record(spec, run, launch, outcome, result, folder, shared=reuse)
         launch["machine"] = machine
+        if n == 0 and starter.started_servers:
+            launch["starts_servers"] = True
         if reuse:
             # one process measured every launch of the batch: its start and teardown are shared
             share = max(outcome.wall_s - measured, 0.0) / len(batch)
