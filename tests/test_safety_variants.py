@@ -37,6 +37,12 @@ Found and fixed here (each test fails on the main before the fix):
   NCCL process loads where she can replace it, and an undo would write back saved originals she
   replaced.  As root the state folder is walked (``hookstate.state_dir``).
   (``test_as_root_the_install_state_folder_must_be_roots_alone``)
+* Every reader (the one reader, ``commdiag trace``'s, ``explain --log``'s) refused a FIFO or device
+  only after opening it (``O_NONBLOCK``, then fstat): the driver's open had run (``/dev/watchdog``
+  arms a reboot, a tape rewinds, a FIFO's blocked writer is released), through a link in her run
+  folder or a log glob in her folder.  ``readfile.open_regular`` opens the name ``O_PATH`` first and
+  reads only a regular file, through that descriptor; trace and logread use it.
+  (``test_no_reader_opens_what_is_not_a_regular_file``)
 * ``check-env --nodes`` kept srun's log, which it reads back and prints as every node's verdict, in a
   plain ``tempfile.TemporaryDirectory()``: under ``sudo -E`` with her TMPDIR she renames root's folder
   and puts her own there (a forged "ok" per node; srun's output written into her folder).  Every
@@ -380,3 +386,50 @@ def test_as_root_the_install_state_folder_must_be_roots_alone(stage, user, how):
     assert "keeps its install state" in " ".join(cp.stderr.split())
     assert not (state / "tuner" / "libnccl-tuner-commdiag.so").exists()
     assert (root / "etc/nccl.conf").read_text() == "NCCL_DEBUG=WARN\n"
+
+
+def _writer_released(fifo: Path, read) -> bool:
+    """Whether ``read(fifo)`` opened the FIFO: a writer blocked in open(O_WRONLY) is released only by
+    an open for reading.  (The way a device's driver sees an open: /dev/watchdog arms a reboot.)"""
+    import threading
+
+    opened = threading.Event()
+
+    def writer():
+        fd = os.open(fifo, os.O_WRONLY)  # blocks until someone opens the FIFO for reading
+        opened.set()
+        os.close(fd)
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        read(fifo)
+    except Exception:
+        pass
+    released = opened.wait(0.3)
+    if not released:  # let the writer go
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        opened.wait(5)
+        os.close(fd)
+    t.join(5)
+    return released
+
+
+@pytest.mark.parametrize("reader", ["readfile", "trace", "explain-log"])
+def test_no_reader_opens_what_is_not_a_regular_file(tmp_path, reader):
+    """Every reader refused a FIFO or a device only after opening it (``O_NONBLOCK``, then fstat): the
+    driver's open had run by then.  Opening ``/dev/watchdog`` arms the machine's reboot, a tape device
+    rewinds, a FIFO's waiting writer is released; a link to one in her run folder, or a log glob in her
+    folder, made root do that.  The one reader's ``open_regular`` opens the name with ``O_PATH`` (no
+    driver runs) and reads only a regular file, through that descriptor."""
+    from commdiag.nccl import logread
+    from commdiag.trace import reader as trace_reader
+
+    read = {"readfile": lambda p: readfile.read_bytes(p, check_owner=False), "trace": trace_reader.read,
+            "explain-log": logread.read}[reader]
+    fifo = tmp_path / "run.json"
+    os.mkfifo(fifo)
+    assert not _writer_released(fifo, read)
+    link = tmp_path / "link.log"
+    link.symlink_to(fifo)
+    assert not _writer_released(link, read)

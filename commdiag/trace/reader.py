@@ -23,7 +23,6 @@ import json
 import json.scanner
 import os
 import re
-import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,17 +155,16 @@ class _Text:
 
 def _open_text(path: str):
     """A text stream of the file (gzip by its magic bytes, not its name); a regular file only."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without a writer
+    from .. import readfile
+
+    try:  # the one reader's open: nothing but a regular file is ever opened (no device's open runs)
+        fd, _st = readfile.open_regular(path)
     except FileNotFoundError:
         raise CommdiagError(f"{path}: no such file") from None
+    except readfile.Refused:
+        raise CommdiagError(f"{path}: not a regular file (a FIFO, device, socket or folder): not read") from None
     except OSError as e:
         raise CommdiagError(f"{path}: cannot open: {e.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise CommdiagError(f"{path}: not a regular file (a FIFO, device, socket or folder): not read")
-    os.set_blocking(fd, True)
     raw = os.fdopen(fd, "rb")
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     binary = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
