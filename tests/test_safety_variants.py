@@ -43,6 +43,10 @@ Found and fixed here (each test fails on the main before the fix):
   folder or a log glob in her folder.  ``readfile.open_regular`` opens the name ``O_PATH`` first and
   reads only a regular file, through that descriptor; trace and logread use it.
   (``test_no_reader_opens_what_is_not_a_regular_file``)
+* ``commdiag trace`` printed a trace's record_param_comms ``dtype`` and collective name as they were:
+  a line break there printed a fake "installed ... verify: OK" line (cli._echo keeps line breaks).
+  The trace reader stores every string as one inert line.
+  (``test_a_trace_cannot_print_a_line_of_its_own``)
 * ``check-env --nodes`` kept srun's log, which it reads back and prints as every node's verdict, in a
   plain ``tempfile.TemporaryDirectory()``: under ``sudo -E`` with her TMPDIR she renames root's folder
   and puts her own there (a forged "ok" per node; srun's output written into her folder).  Every
@@ -66,8 +70,10 @@ Tried and held (no test: each is already covered by tests/test_safety_*.py or ca
   (trace/reader.py): both open ``O_NONBLOCK`` and refuse non-regular files; logread stops at
   MAX_BYTES, the trace reader bounds each value (MAX_EVENT).  They read without the owner check by
   design (docs/safety.md: they only print).
-* Control characters in trace names, log lines, host names: every line goes through cli._echo,
-  which escapes them (errors.terminal_safe).
+* Control characters (not line breaks) in trace names, log lines, host names: every line goes
+  through cli._echo, which escapes them (errors.terminal_safe); an ``explain --log`` record is one line
+  of the log (split at LF; CR escaped).  Host names of ``commdiag nodes`` come from Slurm and
+  commdiag's own workers, not from a user's file.
 * ``launches/`` swapped for a link inside her run folder after the check: launches are made and
   written through folder descriptors (atomic.make_dirs / folder_fd), ``O_NOFOLLOW`` per component;
   ``remove_tree`` uses rmtree's descriptor walk (a link inside is unlinked, not followed).
@@ -433,3 +439,29 @@ def test_no_reader_opens_what_is_not_a_regular_file(tmp_path, reader):
     link = tmp_path / "link.log"
     link.symlink_to(fifo)
     assert not _writer_released(link, read)
+
+
+def test_a_trace_cannot_print_a_line_of_its_own(tmp_path):
+    """``commdiag trace`` printed the record_param_comms ``dtype`` and collective name of a trace as
+    they were: a line break there printed a line of its own ("commdiag: installed ... verify: OK") on
+    root's terminal (cli._echo escapes control characters but keeps line breaks, which its own messages
+    need).  The trace reader keeps every string it stores as one inert line (errors.one_line)."""
+    import gzip
+    import json
+
+    from commdiag import trace as trace_mod
+    from commdiag.trace import render
+
+    from conftest import REPO
+
+    d = json.load(gzip.open(REPO / "tests/fixtures/traces/trace-eager-rank0.json.gz"))
+    fake = "commdiag: installed NCCL_PROTO=LL ... verify: OK"
+    for e in d["traceEvents"]:
+        if e.get("name") == "record_param_comms":
+            e["args"]["dtype"] = "BFloat16\n" + fake
+            e["args"]["Collective name"] = "allreduce\r\x1b[2K" + fake
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(d))
+    text = render.render(trace_mod.analyse_paths([str(path)]))
+    assert fake in text  # still shown, as data
+    assert not any(line.startswith(fake) or "\x1b" in line or "\r" in line for line in text.splitlines())
