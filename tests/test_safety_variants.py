@@ -53,6 +53,15 @@ Found and fixed here (each test fails on the main before the fix):
   temporary folder now comes from the one scratch root (``procs.private_folder``/``scratch_root``).
   (``test_every_scratch_folder_is_under_the_one_scratch_root``)
 
+Found and not fixed (low):
+
+* ``report``'s clean-up of stale ``profile-*.env`` (analyse/report.py, ``publish``) reads them with
+  ``read_text`` after an ``is_file`` check and unlinks them by path: in a run folder whose owner can
+  swap it, a FIFO put there between the check and the read would block, and a folder swapped for a link
+  would have root unlink a file with commdiag's profile header wherever it points.  As root it is
+  reached only with ``--allow-user-files`` (a run folder of another user's is refused before); the fix
+  is the one reader and ``atomic.remove_tree`` there (not done here: #30's safety owner's file).
+
 Tried and held (no test: each is already covered by tests/test_safety_*.py or cannot happen):
 
 * install-hook file-valued settings with ``..``, a relative path, or a link (``NCCL_TUNER_PLUGIN=
@@ -74,6 +83,21 @@ Tried and held (no test: each is already covered by tests/test_safety_*.py or ca
   through cli._echo, which escapes them (errors.terminal_safe); an ``explain --log`` record is one line
   of the log (split at LF; CR escaped).  Host names of ``commdiag nodes`` come from Slurm and
   commdiag's own workers, not from a user's file.
+* A default ACL (``setfacl -d -m u:her:rwx``) on a folder above a profile: refused by the walker
+  (checked by hand with check-env --profile); a group-writable folder of her group: a finding.
+* A spec's ``base_env``/configs, ``--set`` or ``ab --config`` setting LD_PRELOAD/PYTHONPATH/
+  NCCL_NET_PLUGIN for a sweep, step, ab or explain run as root: the spec or run folder must be root's
+  (readfile), so it is root's own choice; ``--allow-user-files`` says the owner then chooses what root
+  "reads, installs or runs"; ``ab --config`` profiles go through the install allowlist.
+* HOME/XDG_STATE_HOME under ``sudo -E``: as root the state folder is /var/lib/commdiag whatever they
+  say; TMPDIR: every scratch folder now goes through ``procs.scratch_root`` (above).
+* Her ``.pth`` in a venv commdiag probes: the probe runs ``-S`` and the trust walker decides whom a
+  normal start runs as (test_safety_probe / test_safety_children cover it).
+* A folder of hers on an install target (a drop-in folder, /etc/nccl.conf with her ACL): writing a file
+  there gives her nothing she did not have (she could write her own drop-in already); only the state
+  folder, whose files commdiag exempts from the file-value rule, mattered (fixed above).
+* ``--python /tmp/L/../python3``: trust normalizes the name once and both walks and runs that very
+  string, so the lexical reading is consistent (no gap between what is judged and what runs).
 * ``launches/`` swapped for a link inside her run folder after the check: launches are made and
   written through folder descriptors (atomic.make_dirs / folder_fd), ``O_NOFOLLOW`` per component;
   ``remove_tree`` uses rmtree's descriptor walk (a link inside is unlinked, not followed).
