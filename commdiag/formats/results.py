@@ -116,8 +116,8 @@ def read_run_file(run_dir: str | Path, fmt: str, kind: str) -> tuple[Path, dict]
         run = json.loads(readfile.read_text(path, what="run folder"))
     except FileNotFoundError:
         raise CommdiagError(f"{path}: not found: is {run_dir} a commdiag {kind} folder?") from None
-    except (OSError, ValueError) as e:
-        raise CommdiagError(f"{path}: cannot read: {str(e)[:200]}") from None
+    except (OSError, ValueError) as e:  # the reader's own refusals (as root: whose folder it is) in full
+        raise CommdiagError(f"{path}: cannot read: {e}") from None
     except RecursionError:
         raise CommdiagError(f"{path}: cannot read: nested too deeply to be a run.json") from None
     if not isinstance(run, dict) or run.get("format") != fmt:

@@ -607,10 +607,10 @@ def render_install(res: InstallResult) -> str:
     head = {("install", True): "plan (dry run: nothing changed)", ("install", False): "installed",
             ("uninstall", True): "uninstall plan (dry run: nothing changed)", ("uninstall", False): "uninstalled"}
     lines = [f"{head[(res.plan.action, res.dry_run)]}; manifest: {res.state_dir}"]
+    lines += [f"  names a file: {f}" for f in res.named_files]  # first: what every NCCL process will open
     if any(c.path != c.shown for c in res.plan.changes):
         lines.append("  staged under --root: every file below is written inside it; the paths after 'why' "
                      "are the target system's")
-    lines += [f"  names a file: {f}" for f in res.named_files]  # first: what every NCCL process will open
     lines += [f"  why: {n}" for n in res.plan.notes]
     lines += [f"  warning: {w}" for w in (*res.warnings, *res.plan.warnings)]
     for w in res.plan.refused:  # wrapped at 100 columns, word by word (a path is never split)
