@@ -94,12 +94,20 @@ def _trusted_links(folder: str) -> str:
         from . import ownership
 
         w = ownership.Walker()
-        w.path(folder)
+        resolved = w.path(folder)
         if w.links and w.findings:
             f = w.findings[0]
             raise CommdiagError(f"{folder}: as root, commdiag writes through a symbolic link ({w.links[0]}) "
                                 f"only where no other user can change it, and {f.path} is {f.why}; give a "
                                 "folder root owns, by its real path")
+        if w.findings:
+            # Another user can change this path, and it had no link when walked: walk it as named from
+            # here on, never resolving a link (one she plants after the walk would be followed by a
+            # resolution now; unresolved, it stops safedir's O_NOFOLLOW walk instead).
+            return folder
+        # Nobody else can change what the walk followed: its own resolution, not a second one (a link
+        # she plants at a name that was missing during the walk, in /tmp, would be followed unseen).
+        return resolved
     try:
         return safedir.real_path(folder)
     except OSError as e:

@@ -73,11 +73,11 @@ def acl_writers(raw: bytes) -> list[tuple[str, int]]:
     return out
 
 
-def _acl_finding(path: str, st: os.stat_result) -> Finding | None:
+def _acl_finding(path: str, st: os.stat_result, fd: int | None = None) -> Finding | None:
     names = (ACL_ACCESS, ACL_DEFAULT) if stat.S_ISDIR(st.st_mode) else (ACL_ACCESS,)
     for name in names:
         try:
-            raw = os.getxattr(path, name, follow_symlinks=False)
+            raw = os.getxattr(fd, name) if fd is not None else os.getxattr(path, name, follow_symlinks=False)
         except OSError:
             continue  # no ACL (ENODATA), or a file system without them
         for kind, ident in acl_writers(raw):
@@ -88,8 +88,10 @@ def _acl_finding(path: str, st: os.stat_result) -> Finding | None:
     return None
 
 
-def inspect(path: str, st: os.stat_result) -> Finding | None:
-    """The finding on one component (its lstat given), or None when only root can change it."""
+def inspect(path: str, st: os.stat_result, fd: int | None = None) -> Finding | None:
+    """The finding on one component (its lstat given), or None when only root can change it.  ``fd``:
+    an open descriptor of it (``st`` its fstat), whose ACL is read instead of the path's: a file judged
+    by what was opened, not by what the name holds by now (``readfile``)."""
     if st.st_uid != 0:
         return Finding(path, st.st_uid, st.st_gid, f"owned by uid {st.st_uid} ({user_name(st.st_uid)})")
     if stat.S_ISLNK(st.st_mode):
@@ -97,7 +99,7 @@ def inspect(path: str, st: os.stat_result) -> Finding | None:
     sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
     if st.st_mode & stat.S_IWOTH and not sticky:
         return Finding(path, 0, st.st_gid, f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})")
-    acl = None if sticky else _acl_finding(path, st)  # before the group bits: with an ACL they are its mask
+    acl = None if sticky else _acl_finding(path, st, fd)  # before the group bits: with an ACL they are its mask
     if acl is not None:
         return acl
     if st.st_mode & stat.S_IWGRP and not sticky:
@@ -114,27 +116,48 @@ class Walker:
         self.findings: list[Finding] = []
         self.links: list[str] = []  # the links met on the way (their own paths)
 
-    def path(self, path: str, depth: int = 0) -> None:
-        path = posixpath.normpath(os.path.abspath(path))
-        parts = path.strip("/").split("/") if path != "/" else []
-        for i in range(len(parts) + 1):
-            here = "/" + "/".join(parts[:i])
-            if here in self.seen:
+    def path(self, path: str, depth: int = 0) -> str:
+        """Walk ``path`` as the kernel resolves it: ``..`` is taken after the links before it (``/tmp/L/..``
+        is the parent of L's target, not ``/tmp``), so the walk reaches the very file an open would.
+        Returns that resolution (the components that do not exist kept as named): the one path the
+        findings are about, which a writer uses as it is rather than resolving the links again later
+        (a link planted between the walk and a second resolution would be followed unseen)."""
+        if not path.startswith("/"):
+            path = posixpath.join(os.getcwd(), path)
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        done: list[str] = []  # the components so far, none of them a link (each link was followed)
+        self._visit("/")
+        for i, name in enumerate(parts):
+            if name == "..":
+                if done:
+                    done.pop()
                 continue
+            done.append(name)
+            here = "/" + "/".join(done)
+            st = self._visit(here)
+            if st is None:  # what does not exist runs nothing (and cannot be written through)
+                return posixpath.normpath("/".join([here, *parts[i + 1:]]))
+            if stat.S_ISLNK(st.st_mode):
+                if depth < 40:
+                    target = posixpath.join(posixpath.dirname(here), os.readlink(here))
+                    return self.path("/".join([target, *parts[i + 1:]]), depth + 1)
+                return posixpath.normpath("/".join([here, *parts[i + 1:]]))  # too many: opening it fails
+        return "/" + "/".join(done)
+
+    def _visit(self, here: str) -> os.stat_result | None:
+        """lstat of ``here`` (None: absent); its finding and link recorded the first time it is met."""
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return None
+        if here not in self.seen:
             self.seen.add(here)
-            try:
-                st = os.lstat(here)
-            except OSError:
-                return  # what does not exist runs nothing (and cannot be written through)
             f = inspect(here, st)
             if f is not None:
                 self.findings.append(f)
             if stat.S_ISLNK(st.st_mode):
                 self.links.append(here)
-                if depth < 40:
-                    target = posixpath.join(posixpath.dirname(here), os.readlink(here))
-                    self.path(posixpath.join(target, *parts[i:]), depth + 1)
-                return
+        return st
 
 
 def findings(*paths: str) -> list[Finding]:

@@ -162,6 +162,46 @@ def take_back_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def which(name: str, path: str | None = None) -> str | None:
+    """The program a bare ``name`` starts, looked up on ``path`` (default this process's PATH) as exec
+    would, or None.  As root only in absolute PATH folders that nobody else can change (``ownership``,
+    the folder and everything above it, and the file itself): an empty or ``.`` entry is the working
+    folder, and a folder of a user's (``sudo -E``, or a PATH without secure_path) would run her
+    ``srun``, ``ssh`` or ``torchrun`` as uid 0.  A ``name`` with a slash is returned as it is."""
+    if "/" in name:
+        return name
+    path = os.environ.get("PATH", os.defpath) if path is None else path
+    as_root = os.geteuid() == 0
+    for folder in path.split(os.pathsep):
+        if as_root and not folder.startswith("/"):
+            continue
+        candidate = os.path.join(folder or ".", name)
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            continue
+        if as_root:
+            from . import ownership
+
+            if ownership.first_finding(candidate) is not None:
+                continue
+        return candidate
+    return None
+
+
+def _program(argv: list[str], env: dict[str, str] | None) -> list[str]:
+    """``argv`` with a bare program name replaced by what ``which`` finds (as root: never her folder)."""
+    if "/" in argv[0] or os.geteuid() != 0:
+        return argv
+    path = (os.environ if env is None else env).get("PATH", os.defpath)
+    found = which(argv[0], path)
+    if found is None:
+        import errno
+
+        raise FileNotFoundError(errno.ENOENT, f"as root, commdiag runs a program by name only from an absolute PATH "
+                                              f"folder only root can change, and {argv[0]!r} was not found in one "
+                                              "(give its absolute path)", argv[0])
+    return [found, *argv[1:]]
+
+
 def scratch_root() -> str:
     """Where private scratch folders go: ``tempfile.gettempdir()``, except that as root a folder
     another user can change (``sudo -E`` with her ``TMPDIR``: she could rename root's folder and put
@@ -283,7 +323,7 @@ def start(argv, *, env: dict[str, str] | None, cwd: str | Path, marker: str | No
         env = {**env, MARKER: marker}
     drop = {"user": run_as.uid, "group": run_as.gid, "extra_groups": []} if run_as is not None else {}
     wrap = env is None or (parent_death is not None and run_as is None)
-    argv = [os.fspath(a) for a in argv]
+    argv = _program([os.fspath(a) for a in argv], env)
     program = argv[0]
     fds = list(pass_fds)
     answer = None

@@ -64,16 +64,68 @@ def check_others(path: str | Path, what: str = "file") -> None:
                                    "it while commdiag works)")
 
 
+def _check_opened(fd: int, st: os.stat_result, path: str | Path, what: str) -> None:
+    """As root, the file actually opened must be one only root can change, and the name, walked after
+    the open, must still name it: between the open and the walk its owner could rename her file away
+    (a missing name is no finding) and back, or put another file at the name."""
+    if os.geteuid() != 0 or _allow_others:
+        return
+    from . import ownership
+
+    f = ownership.inspect(str(path), st, fd)
+    if f is not None:
+        raise Refused(errno.EPERM, f"as root, commdiag reads a {what} only where no other user can change it, "
+                                   f"and {path} is {f.why}: copy it to a folder root owns, or run commdiag "
+                                   f"{OPTION} COMMAND ...")
+    try:
+        now = os.stat(path)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        raise Refused(errno.EPERM, f"{path} changed while commdiag read it (another file is at that name now): "
+                                   "not read")
+
+
+_O_PATH = getattr(os, "O_PATH", 0)
+
+
+def open_regular(path: str | Path) -> tuple[int, os.stat_result]:
+    """A read descriptor of regular file ``path`` and its fstat (FileNotFoundError, Refused), the one
+    way a file commdiag did not write is opened.  The name is first opened with ``O_PATH``, which opens
+    nothing (no device driver's open runs: ``/dev/watchdog`` arms a reboot on open, a tape rewinds, a
+    FIFO's waiting writer is released), and only a regular file is then opened for reading, through
+    that very descriptor (``/proc/self/fd/N``), so a swap in between cannot change what is read."""
+    if not _O_PATH:  # (not Linux) a FIFO still opens without a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise Refused(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder): not read")
+        return fd, st
+    pfd = os.open(path, _O_PATH | os.O_CLOEXEC)
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder): not read")
+        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(pfd)
+    again = os.fstat(fd)
+    if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):  # (cannot happen: the same open file)
+        os.close(fd)
+        raise Refused(errno.EINVAL, f"{path} changed while commdiag opened it: not read")
+    os.set_blocking(fd, True)
+    return fd, again
+
+
 def read_bytes(path: str | Path, limit: int = LIMIT, *, what: str = "file", check_owner: bool = True) -> bytes:
     """The bytes of regular file ``path`` (FileNotFoundError as open() raises it; Refused).
     ``check_owner=False`` only for a file whose content grants nothing (check_env's expectation)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without a writer
+    fd, st = open_regular(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(errno.EINVAL, "not a regular file (a FIFO, device, socket or folder): not read")
         if check_owner:
             check_others(path, what)
+            _check_opened(fd, st, path, what)
         data = bytearray()
         while len(data) <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - len(data)))

@@ -21,7 +21,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,7 +94,10 @@ def check_nodes(expect: dict | None = None, *, profile=None, env: dict | None = 
 
     command = module_argv("commdiag.environment.nodecheck",
                           ["--task", json.dumps(expected, sort_keys=True)])
-    with tempfile.TemporaryDirectory(prefix="commdiag-nodes-") as tmp:
+    from .. import procs
+
+    # (as root under sudo -E, never in a $TMPDIR another user can change: procs.scratch_root)
+    with procs.private_folder("commdiag-nodes-") as tmp:
         log = Path(tmp, "srun.log")
         outcome = slurm.run_step(alloc, len(alloc.nodes), 1, command, task_env, log, deadline_s)
         text = log.read_text(errors="replace") if log.exists() else ""

@@ -132,9 +132,28 @@ def state_dir(roots: Roots) -> str:
         base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
         d = posixpath.normpath(os.path.join(os.path.abspath(base), "commdiag"))
     try:
-        return safedir.real_path(d, roots.base)
+        real = safedir.real_path(d, roots.base)
     except OSError as e:
         raise CommdiagError(f"{d}: {e.strerror}") from None
+    if os.geteuid() == 0:
+        _check_state_owner(real, roots)
+    return real
+
+
+def _check_state_owner(real: str, roots: Roots) -> None:
+    """As root, the state folder (and its ``tuner/`` and ``saved/``) must be one only root can change
+    (``ownership``: owner, group and other write bits, POSIX ACLs, every folder above): the tuner
+    library installed there is loaded by every NCCL process, and the saved originals are what an undo
+    writes back into /etc; a user who can write there (an ACL grant, her group's g+w) would replace them."""
+    from .. import ownership
+
+    for d in (real, posixpath.join(real, "tuner"), posixpath.join(real, "saved")):
+        f = ownership.first_finding(d)
+        if f is not None:
+            raise CommdiagError(f"{roots.shown(d)}: as root, commdiag keeps its install state (the manifest, saved "
+                                f"originals, the tuner library) only where no other user can change it, and "
+                                f"{roots.shown(f.path)} is {f.why}; "
+                                "fix its permissions first (chown root, chmod go-w, setfacl -b)")
 
 
 def state_in(dfd: int, name: str) -> FileState:

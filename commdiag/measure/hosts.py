@@ -236,10 +236,8 @@ def record(spec) -> dict:
 def preflight(spec) -> int:
     """Before any work: node_command's program is here, and the ranks per node are known (the GPUs
     are on the hosts: nccl needs nproc_per_node)."""
-    import shutil
-
     program = spec.node_command[0].format(host=spec.hosts[0], index=0)
-    if not (shutil.which(program) if os.sep not in program else os.access(program, os.X_OK)):
+    if not (procs.which(program) if os.sep not in program else os.access(program, os.X_OK)):
         raise CommdiagError(f"{spec.path}: node_command[0]: program {program!r} is not found on PATH (or not "
                             "executable): node_command is how commdiag reaches each host, e.g. [ssh, \"{host}\"]")
     nproc = spec.nproc_per_node

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +69,7 @@ def in_allocation(env: dict | None = None) -> bool:
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name)
+    found = procs.which(name)  # as root never from a folder of PATH another user can change
     if not found:
         raise CommdiagError(f"launch: slurm needs Slurm's `{name}` on PATH (SLURM_JOB_ID is set, but "
                             f"`{name}` is not found)")
@@ -183,7 +182,7 @@ def run_step(alloc: Allocation, nnodes: int, ntasks_per_node: int, command: list
 def alive(alloc: Allocation) -> bool:
     """Whether the allocation still runs (a time limit or scancel ends it mid-run: every later srun
     would fail at once).  True when Slurm cannot be asked: a failed launch is then judged as such."""
-    squeue = shutil.which("squeue")
+    squeue = procs.which("squeue")
     if not squeue:
         return True
     code, stdout, _ = _ask([squeue, "-h", "-j", alloc.job_id, "-o", "%T"])
@@ -194,7 +193,7 @@ def alive(alloc: Allocation) -> bool:
 
 def cancel_step(alloc: Allocation, marker: str) -> None:
     """scancel the launch's step if Slurm still lists it (srun killed before the step ended)."""
-    squeue, scancel = shutil.which("squeue"), shutil.which("scancel")
+    squeue, scancel = procs.which("squeue"), procs.which("scancel")
     if not (squeue and scancel):
         return
     _, stdout, _ = _ask([squeue, "--steps", "-h", "-o", "%i %j", "-j", alloc.job_id])

@@ -61,8 +61,20 @@ class LogFile:
 
 
 def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    from .. import readfile
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        st = os.stat(path)  # (only to say what a non-file is; what is opened is judged again below)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise CommdiagError(f"{brief(path)}: {what}; --log takes saved NCCL log files")
+    try:  # the one reader's open: nothing but a regular file is ever opened (no device's open runs)
+        fd, st = readfile.open_regular(path)
+    except readfile.Refused:
+        raise CommdiagError(f"{brief(path)}: not a regular file (a FIFO, socket or device); --log takes saved "
+                            "NCCL log files") from None
     except FileNotFoundError:
         raise CommdiagError(f"{brief(path)}: no such file (--log takes saved NCCL log files)") from None
     except IsADirectoryError:
@@ -71,12 +83,6 @@ def _open_regular(path: str) -> tuple[int, os.stat_result]:
         raise CommdiagError(f"{brief(path)}: permission denied") from None
     except OSError as e:
         raise CommdiagError(f"{brief(path)}: cannot open: {e.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
-        raise CommdiagError(f"{brief(path)}: {what}; --log takes saved NCCL log files")
-    os.set_blocking(fd, True)
     return fd, st
 
 

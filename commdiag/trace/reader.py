@@ -23,12 +23,11 @@ import json
 import json.scanner
 import os
 import re
-import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import CommdiagError, brief
+from ..errors import CommdiagError, brief, one_line
 
 # Kineto's trace schema (libkineto ChromeTraceLogger writes "schemaVersion": 1 since torch 1.8.1).
 SCHEMA_VERSIONS = (1,)
@@ -156,17 +155,16 @@ class _Text:
 
 def _open_text(path: str):
     """A text stream of the file (gzip by its magic bytes, not its name); a regular file only."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without a writer
+    from .. import readfile
+
+    try:  # the one reader's open: nothing but a regular file is ever opened (no device's open runs)
+        fd, _st = readfile.open_regular(path)
     except FileNotFoundError:
         raise CommdiagError(f"{path}: no such file") from None
+    except readfile.Refused:
+        raise CommdiagError(f"{path}: not a regular file (a FIFO, device, socket or folder): not read") from None
     except OSError as e:
         raise CommdiagError(f"{path}: cannot open: {e.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise CommdiagError(f"{path}: not a regular file (a FIFO, device, socket or folder): not read")
-    os.set_blocking(fd, True)
     raw = os.fdopen(fd, "rb")
     head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     binary = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
@@ -272,6 +270,18 @@ def _events(t: _Text, decoder: json.JSONDecoder, trace: Trace) -> None:
             return
 
 
+def _inert(v) -> str:
+    """A string from the trace as one inert line (``errors.one_line``): names, annotations, a collective's
+    name and dtype are printed, and a line break or escape sequence in them (a trace is a file anyone
+    can write) would otherwise print a line of its own on root's terminal that looks like commdiag's."""
+    return one_line(v if isinstance(v, str) else str(v))
+
+
+def _inert_or(v):
+    """``_inert`` for a string, anything else as it is (the analysis checks the types)."""
+    return one_line(v) if isinstance(v, str) else v
+
+
 class _Keeper:
     """Looks at each event once and keeps what the analysis reads (see ``Trace``)."""
 
@@ -280,7 +290,7 @@ class _Keeper:
         self.name_ids: dict[str, int] = {}
 
     def name(self, n) -> int:
-        n = n if isinstance(n, str) else str(n)
+        n = _inert(n)
         i = self.name_ids.get(n)
         if i is None:
             i = self.name_ids[n] = len(self.t.names)
@@ -311,13 +321,13 @@ class _Keeper:
             if name == "cudaGraphLaunch" or name == "cuGraphLaunch":
                 self.t.graph_launches.append((ts, dur, corr))
         elif cat == "gpu_user_annotation":
-            self.t.gpu_annotations.append((str(ev.get("name", "")), ts, dur, ev.get("tid")))
+            self.t.gpu_annotations.append((_inert(ev.get("name", "")), ts, dur, ev.get("tid")))
         elif cat == "user_annotation" or (cat == "cpu_op" and str(ev.get("name", "")).startswith("ProfilerStep#")):
             # older Kineto writes torch.profiler's ProfilerStep#N as a cpu_op
-            self.t.cpu_annotations.append((str(ev.get("name", "")), ts, dur, ev.get("pid"), ev.get("tid")))
+            self.t.cpu_annotations.append((_inert(ev.get("name", "")), ts, dur, ev.get("pid"), ev.get("tid")))
         elif cat == "cpu_op" and ev.get("name") == COMMS_OP:
-            self.t.comms.append((ts, dur, ev.get("tid"), args.get("External id"), args.get("Collective name"),
-                                 args.get("dtype"), args.get("In msg nelems"), args.get("Out msg nelems"),
+            self.t.comms.append((ts, dur, ev.get("tid"), args.get("External id"), _inert_or(args.get("Collective name")),
+                                 _inert_or(args.get("dtype")), args.get("In msg nelems"), args.get("Out msg nelems"),
                                  args.get("Group size"), args.get("Process Group Ranks")))
 
 
