@@ -489,3 +489,30 @@ def test_a_trace_cannot_print_a_line_of_its_own(tmp_path):
     text = render.render(trace_mod.analyse_paths([str(path)]))
     assert fake in text  # still shown, as data
     assert not any(line.startswith(fake) or "\x1b" in line or "\r" in line for line in text.splitlines())
+
+
+
+def test_the_old_profile_clean_up_reads_through_the_reader_and_removes_through_the_writer(tmp_path):
+    """A run folder's stale profile-*.env is removed when the verdicts changed (analyse/report.py): a FIFO
+    named like one is never opened (it would block the clean-up), a link named like one is removed as a
+    link (its target stays), a file that is not commdiag's profile stays; a real stale profile goes.
+    (Found by the review pass: the clean-up read after an is_file() check and unlinked by path.)"""
+    import stat
+    import threading
+
+    from commdiag.analyse import report as report_mod
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "profile-decode.env")
+    target = tmp_path / "elsewhere.env"
+    target.write_text(profile.PROFILE_HEADER + "\nNCCL_PROTO=LL\n")
+    (run / "profile-prefill.env").symlink_to(target)
+    (run / "profile-x.env").write_text("not commdiag's\n")
+    (run / "profile.env").write_text(profile.PROFILE_HEADER + "\nNCCL_PROTO=LL\n")
+    done = threading.Event()
+    threading.Thread(target=lambda: (report_mod._remove_stale_profiles(run, set()), done.set()), daemon=True).start()
+    assert done.wait(20), "the clean-up blocked on a FIFO named like a profile"
+    assert target.exists() and not os.path.lexists(run / "profile-prefill.env")
+    assert (run / "profile-x.env").exists() and not (run / "profile.env").exists()
+    assert stat.S_ISFIFO(os.lstat(run / "profile-decode.env").st_mode)

@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__, linewrap
+from .. import __version__, atomic, linewrap, readfile
 from ..errors import CommdiagError, terminal_safe, text_lines as _lines
 from . import celltime, machinereport, stats, verdict
 from ..measure import collectives
@@ -709,14 +709,28 @@ def write_profiles(run_dir: str | Path, verdicts: verdict.Verdicts, run: dict) -
     plan = {name: v for name, v in plan.items()
             if not machinereport.profile_note(verdicts, first if name == "profile.env"
                                               else name[len("profile-"):-len(".env")])}
-    for old in run_dir.glob("profile*.env"):
-        # only regular files are read (a FIFO named profile-x.env would block the read forever)
-        if old.name not in plan and old.is_file() and not old.is_symlink() \
-                and old.read_text(errors="replace").startswith(profile.PROFILE_HEADER):
-            old.unlink()
+    _remove_stale_profiles(run_dir, plan)
     for name, (settings, meta) in plan.items():
         profile.save(run_dir / name, profile.Profile(settings, meta))
     return tuple(plan)
+
+
+def _remove_stale_profiles(run_dir: Path, keep) -> None:
+    """Remove the profile-*.env an earlier publish wrote that the verdicts no longer back (not in
+    ``keep``).  Read through the one reader (a regular file only: a FIFO named like a profile is never
+    opened; bounded) and removed through the one writer (by the folder's descriptor: a link is removed as
+    a link, never followed); a file that is not commdiag's profile is left alone."""
+    from ..formats import profile
+
+    for old in sorted(Path(run_dir).glob("profile*.env")):
+        if old.name in keep:
+            continue
+        try:
+            head = readfile.read_bytes(old, limit=1 << 16, what="profile").decode(errors="replace")
+        except (CommdiagError, OSError):
+            continue
+        if head.startswith(profile.PROFILE_HEADER):
+            atomic.remove_tree(old)
 
 
 def publish(run_dir: str | Path, data: results.RunData | None = None) -> Published:
