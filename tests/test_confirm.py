@@ -30,7 +30,7 @@ def test_real_cpu_aa_through_both_stages_certifies_nothing_and_resumes_across_st
     # stage 1 only
     proc = run_cli("sweep", CPU_AA, "--out", out, *SMALL, "--no-confirm", "--json")
     assert " ".join(proc.stderr.split()).startswith(f"run folder {out}: 4 launches to run (4 screening: 2 configs "
-                                                    "x 2 trials)")  # wrapped at 100 columns
+                                                    "x 2 trials")  # wrapped at 100 columns
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_fits(proc, stdout=False)  # the progress lines
     data = json.loads(proc.stdout)

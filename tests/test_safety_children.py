@@ -202,6 +202,8 @@ def test_ab_server_and_command_start_in_the_launch_folder(hostile, tmp_path):
     (tmp_path / "run").mkdir()
     launch = run["launches"][0]
     config = next(c for c in run["configs"] if c["name"] == launch["config"])
-    runner.one_launch(s, run, tmp_path / "run", launch, config, dict(os.environ))
+    # this checkout on the children's path, as an installed commdiag is (CI's Debian-python step has none)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    runner.one_launch(s, run, tmp_path / "run", launch, config, env)
     assert ran(marker) == ""
     assert launch["status"] == "ok", launch.get("error")

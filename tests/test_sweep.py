@@ -165,8 +165,10 @@ def test_interrupt_then_resume_does_not_redo_finished_launches(tmp_path, method)
 
 def test_two_torchrun_agents_rendezvous_on_localhost(tmp_path):
     port = free_port()
+    # launch: torchrun with a rendezvous: a commdiag per node (without it nnodes 2 means a Slurm
+    # allocation); the nodes share the seed the spec names (issue 37: never derived from the spec)
     spec = write_spec(tmp_path / "s.yaml", nproc_per_node=1, nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}",
-                      timeout_s=90, configs={"b": {"NCCL_PROTO": "LL"}})
+                      timeout_s=90, configs={"b": {"NCCL_PROTO": "LL"}}, launch="torchrun", seed=1234)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     agents = [subprocess.Popen([sys.executable, "-m", "commdiag.cli", "sweep", str(spec), "--out",
                                 str(tmp_path / f"node{i}"), "--no-confirm"], env=env, stdout=subprocess.PIPE,
