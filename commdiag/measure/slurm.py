@@ -124,7 +124,9 @@ def srun_argv(alloc: Allocation, nnodes: int, ntasks_per_node: int, command: lis
     check_fits(alloc, nnodes)
     return [_tool("srun"), f"--job-name={step_name(marker)}", f"--nodes={nnodes}",
             f"--ntasks-per-node={ntasks_per_node}", f"--nodelist={','.join(alloc.nodes[:nnodes])}",
-            "--kill-on-bad-exit=1", "--export=ALL", "--mpi=none", "--unbuffered", *command]
+            # no --unbuffered: slurmstepd then forwards each task's output a whole line at a time; with it,
+            # two tasks' lines interleave mid-line (check-env --nodes lost both nodes' answers that way)
+            "--kill-on-bad-exit=1", "--export=ALL", "--mpi=none", *command]
 
 
 def rank_env(alloc: Allocation, nnodes: int, nproc: int) -> dict[str, str]:
