@@ -16,21 +16,12 @@ from commdiag.errors import CommdiagError
 from commdiag.install import allowlist
 
 from conftest import REPO, words
-from users import give, needs_root, staging, throwaway_user
+from users import give, needs_root, stage, staging, throwaway_user, user_fixture  # noqa: F401 (fixtures)
 
 pytestmark = needs_root
 
 
-@pytest.fixture(scope="module")
-def user():
-    with throwaway_user("a") as u:
-        yield u
-
-
-@pytest.fixture
-def stage():
-    with staging() as d:
-        yield d
+user = user_fixture("a")
 
 
 def cli(*args, timeout=60):

@@ -26,34 +26,13 @@ from commdiag.p2p import result as p2p_result
 from commdiag.tuner import rules
 
 from conftest import REPO, words
-from users import as_user, give, needs_root, staging, throwaway_user
+from users import (  # noqa: F401 (stage, reader_refuses_others: fixtures)
+    as_user, give, needs_root, reader_refuses_others, stage, staging, throwaway_user, user_fixture)
 
 PROFILE = "# commdiag-profile 1\nNCCL_PROTO=LL\n"
 
 
-@pytest.fixture(scope="module")
-def user():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    with throwaway_user("r") as u:
-        yield u
-
-
-@pytest.fixture
-def stage():
-    with staging() as d:
-        yield d
-
-
-def allow_others(on: bool) -> None:
-    getattr(readfile, "allow_others", lambda on: None)(on)  # (absent before #30: everything was read)
-
-
-@pytest.fixture(autouse=True)
-def _default_reader():
-    allow_others(False)
-    yield
-    allow_others(False)
+user = user_fixture("r")
 
 
 def cli(*args, timeout=60):
@@ -147,7 +126,7 @@ def test_as_root_a_file_another_user_can_change_is_refused_unless_allowed(stage,
     with pytest.raises(CommdiagError, match="owned by uid"):
         profile.load(own / "link.env")
     assert profile.load(stage / "mine.env").settings == {"NCCL_PROTO": "LL"}  # root's own: read
-    allow_others(True)
+    readfile.allow_others(True)
     assert profile.load(own / "profile.env").settings == {"NCCL_PROTO": "LL"}
 
 

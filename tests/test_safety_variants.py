@@ -114,30 +114,13 @@ from commdiag import atomic, ownership, readfile
 from commdiag.errors import CommdiagError
 from commdiag.formats import profile
 
-from users import give, needs_root, staging, throwaway_user
+from users import (  # noqa: F401 (stage, reader_refuses_others: fixtures)
+    give, needs_root, reader_refuses_others, stage, staging, throwaway_user, user_fixture)
 
 PROFILE = "# commdiag-profile 1\nNCCL_PROTO=LL\n"
 
 
-@pytest.fixture(scope="module")
-def user():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    with throwaway_user("v") as u:
-        yield u
-
-
-@pytest.fixture
-def stage():
-    with staging() as d:
-        yield d
-
-
-@pytest.fixture(autouse=True)
-def _default_reader():
-    readfile.allow_others(False)
-    yield
-    readfile.allow_others(False)
+user = user_fixture("v")
 
 
 def _tmp_like(stage: Path) -> Path:
@@ -489,7 +472,6 @@ def test_a_trace_cannot_print_a_line_of_its_own(tmp_path):
     text = render.render(trace_mod.analyse_paths([str(path)]))
     assert fake in text  # still shown, as data
     assert not any(line.startswith(fake) or "\x1b" in line or "\r" in line for line in text.splitlines())
-
 
 
 def test_the_old_profile_clean_up_reads_through_the_reader_and_removes_through_the_writer(tmp_path):

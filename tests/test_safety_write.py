@@ -23,34 +23,13 @@ from commdiag.errors import CommdiagError
 from commdiag.formats import results
 
 from conftest import REPO, words
-from users import as_user, give, needs_root, staging, throwaway_user
+from users import (  # noqa: F401 (stage, reader_refuses_others: fixtures)
+    as_user, give, needs_root, reader_refuses_others, stage, staging, throwaway_user, user_fixture)
 
 FIXTURE_RUN = REPO / "tests" / "fixtures" / "runs" / "cpu-aa-a"
 
 
-@pytest.fixture(scope="module")
-def user():
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
-    with throwaway_user("w") as u:
-        yield u
-
-
-@pytest.fixture
-def stage():
-    with staging() as d:
-        yield d
-
-
-def allow_others(on: bool) -> None:
-    getattr(readfile, "allow_others", lambda on: None)(on)  # (absent before #30: everything was read)
-
-
-@pytest.fixture(autouse=True)
-def _default_reader():
-    allow_others(False)
-    yield
-    allow_others(False)
+user = user_fixture("w")
 
 
 def cli(*args, cwd=None, timeout=120):
@@ -152,7 +131,7 @@ def test_report_never_writes_through_her_swapped_run_folder(stage, user):
     with pytest.raises(CommdiagError, match="as root, commdiag reads a run folder only"):
         results.load_run_json(run)
     # with the option: read, then she swaps the folder for a link before the write
-    allow_others(True)
+    readfile.allow_others(True)
     results.load_run_json(run)
     swap = as_user(name, "sh", "-c", f"mv {run} {run}.old && ln -s {v} {run}")
     assert swap.returncode == 0, swap.stderr
@@ -177,7 +156,7 @@ def test_explain_removes_and_writes_nothing_through_her_links(stage, user):
     (run / "explain").symlink_to(v)  # explain/0000 is then the victim's 0000, emptied by rmtree
     os.lchown(run / "explain", uid, gid)
     give(run, uid, gid)
-    allow_others(True)  # even when root accepts reading her folder, it writes no launch there
+    readfile.allow_others(True)  # even when root accepts reading her folder, it writes no launch there
     with pytest.raises(CommdiagError, match="as root, commdiag writes a run's launches only into a folder no other"):
         explain.run_explain(run, env={})
     assert untouched(v)

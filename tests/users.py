@@ -54,3 +54,36 @@ def give(path: Path, uid: int, gid: int) -> Path:
 
 def as_user(name: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(["runuser", "-u", name, "--", *argv], capture_output=True, text=True, timeout=timeout)
+
+
+# The fixtures every root-side safety file uses, in one place: a module imports them by name (pytest finds
+# a fixture in the test module's namespace), ``user = user_fixture("r")`` names its throwaway user.
+
+def user_fixture(tag: str):
+    """A module-scoped fixture: one throwaway user (name tagged ``tag``) for the module's tests."""
+    @pytest.fixture(scope="module")
+    def user():
+        if os.geteuid() != 0:
+            pytest.skip("needs root")
+        with throwaway_user(tag) as u:
+            yield u
+    return user
+
+
+@pytest.fixture
+def stage():
+    """A fresh 0755 staging folder under /tmp (``staging``)."""
+    with staging() as d:
+        yield d
+
+
+@pytest.fixture(autouse=True)
+def reader_refuses_others():
+    """Each test starts and ends with the one reader refusing other users' files (the default, without
+    --allow-user-files), whatever a test switched on."""
+    from commdiag import readfile
+
+    allow = getattr(readfile, "allow_others", lambda on: None)  # (absent before the rule: everything read)
+    allow(False)
+    yield
+    allow(False)
