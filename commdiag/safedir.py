@@ -168,13 +168,10 @@ def write_in(dfd: int, name: str, data: bytes, mode: int, *, uid: int | None = N
                 os.utime(fd, ns=(mtime_ns, mtime_ns))
         finally:
             os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        tmp = None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-    os.fsync(dfd)
+    except BaseException:
+        _drop(dfd, tmp)
+        raise
+    _replace(dfd, tmp, name)
 
 
 def symlink_in(dfd: int, name: str, target: str, *, uid: int | None = None, gid: int | None = None) -> None:
@@ -183,13 +180,25 @@ def symlink_in(dfd: int, name: str, target: str, *, uid: int | None = None, gid:
     try:
         if uid is not None and os.geteuid() == 0:
             os.chown(tmp, uid, gid if gid is not None else -1, dir_fd=dfd, follow_symlinks=False)
+    except BaseException:
+        _drop(dfd, tmp)
+        raise
+    _replace(dfd, tmp, name)
+
+
+def _replace(dfd: int, tmp: str, name: str) -> None:
+    """The finished temporary ``tmp`` becomes ``name`` in one rename (removed if the rename fails)."""
+    try:
         os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        tmp = None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
+    except BaseException:
+        _drop(dfd, tmp)
+        raise
     os.fsync(dfd)
+
+
+def _drop(dfd: int, tmp: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(tmp, dir_fd=dfd)
 
 
 def unlink_in(dfd: int, name: str) -> None:
