@@ -22,8 +22,18 @@ def test_timed_count_fits_the_budget_within_its_bounds():
     assert worker.timed_count(plan, 1000.0, agree=lambda n: n + 7) == 57  # the ranks' agreement decides
 
 
+def test_warmup_fits_a_tenth_of_the_budget_within_its_bounds():
+    plan = {"warmup": 20, "time_per_size_ms": 25}
+    assert worker.warmup_count(plan, 7.0) == 20  # 7-us calls: the whole warmup is 0.14 ms
+    assert worker.warmup_count(plan, 500.0) == 5  # 2.5 ms of 25 ms
+    assert worker.warmup_count(plan, 20_000.0) == worker.MIN_WARMUP  # a 117 MB all-reduce on PCIe: 2, not 20 x 20 ms
+    assert worker.warmup_count({"warmup": 20, "time_per_size_ms": None}, 20_000.0) == 20  # fixed counts: exactly
+    assert worker.warmup_count({"warmup": 1, "time_per_size_ms": 25}, 20_000.0) == 1  # never more than asked
+    assert worker.warmup_count(plan, 500.0, agree=lambda n: n + 3) == 8  # the ranks' agreement decides
+
+
 def test_spec_key_defaults_validates_and_stays_off_for_step(tmp_path):
-    assert load_spec(write_spec(tmp_path / "a.yaml")).time_per_size_ms == 250.0
+    assert load_spec(write_spec(tmp_path / "a.yaml")).time_per_size_ms == 25.0
     assert load_spec(write_spec(tmp_path / "b.yaml", time_per_size_ms=None)).time_per_size_ms is None
     proc = run_cli("sweep", write_spec(tmp_path / "c.yaml", time_per_size_ms=-1), "--no-confirm")
     assert proc.returncode == 2 and "time_per_size_ms" in proc.stderr and "Traceback" not in proc.stderr

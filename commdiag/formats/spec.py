@@ -94,8 +94,9 @@ _TOP_KEYS: dict[str, tuple[tuple[type, ...], Any]] = {
     "batch": ((int, str), "auto"),
     "window_us": ((int, float), 500),
     # the timing budget per size, mode and call path: as many samples as fit, at least 20, at most
-    # iters (worker.timed_count); null: exactly iters everywhere (the count before 2026-12-04)
-    "time_per_size_ms": ((int, float, type(None)), 250),
+    # iters (worker.timed_count), warmup calls within a tenth of it (worker.warmup_count); null: exactly
+    # warmup and iters everywhere (the counts before 2026-12-04).  25 ms since 2026-12-06 (250 ms before)
+    "time_per_size_ms": ((int, float, type(None)), 25),
     "modes": ((list, type(None)), None),
     "vias": ((list, type(None)), None),
     "replay_stream": ((str,), "side"),
@@ -573,9 +574,11 @@ def resolve(raw: dict, path: Path | str = "<spec>") -> Spec:
         vias = _step_vias(path, vias)
     else:
         if vias is None:
-            # Both call paths for NCCL: what a framework pays through torch.distributed beside the
-            # libnccl floor (ran cleanly on 2x H200, benchmarks/h200x2-2026-11-29b). gloo: torch only.
-            vias = ["torch", "nccl-direct"] if backend == "nccl" else ["torch"]
+            # torch.distributed only.  nccl-direct (libnccl through ctypes) asks what torch adds, not what
+            # an NCCL variable does: on 2x H200 graph-direct was within 1% of graph via torch at every
+            # size and named the same winners (docs/fidelity.md), so measuring it for every config of
+            # every trial doubled a sweep for nothing its verdicts use.  `vias: [torch, nccl-direct]`.
+            vias = ["torch"]
         vias = _choices(path, "vias", vias, VIAS,
                         {"nccl-direct": "nccl-direct calls libnccl on GPUs (backend: nccl); gloo allows: torch"}, backend)
     if launch is None:

@@ -11,17 +11,19 @@ not start the launch servers (the first launch of a command carries their one-ti
 GPU box: it is left out once another launch is in), measuring the median ``measure_s`` per series x size.
 
 Before any launch (``recorded``, and ``commdiag sweep SPEC --dry-run``): the components recorded in
-benchmarks/README.md, per backend and launch method (``STARTUP_S``), and per size the time budget:
-with ``time_per_size_ms`` each size x mode x call path is timed for about the budget (worker.timed_count:
-as many samples as fit, at least 20, at most ``iters``), so the measuring of a launch is at most
-``series x sizes x budget`` plus the warmup (WARMUP_SHARE of it), and less where ``iters`` samples take
-less than the budget (small messages); fixed counts (``time_per_size_ms: null``) have no bound before a
-launch has measured them.
+benchmarks/README.md, per backend and launch method (``STARTUP_S``), and the measuring counted call by
+call as worker.py makes them (``size_s``: the correctness check, graph mode's probe, the warmup, the
+calibration and the timed samples, with ``time_per_size_ms`` as many as fit the budget: worker.timed_count
+and worker.warmup_count), each call's time from a model (``CALL_MODEL``: a latency plus a ring
+all-reduce's bytes per rank over a bus bandwidth).  The model's numbers are assumptions until a launch has
+run; from the first launch on the measured times replace them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from . import worker
 
 # Start-up per launch (seconds), recorded: nccl on 1x H200 (benchmarks/README.md 2026-12-02, median of
 # 5 after the first: forkserver 1.55 s, torchrun 9.73 s); gloo on the 2-core development machine
@@ -35,7 +37,11 @@ SERVER_START_S = {"nccl": 3.2, "gloo": 1.0}
 # budget and the planned launches (benchmarks/pcie8_estimate.py; 41-47 min with launch: torchrun).  The
 # README, --help and the spec's comment quote it (tests/test_plan_eta.py).
 PCIE8_ESTIMATE = "20-26 min"
-WARMUP_SHARE = 0.1  # warmup + calibration: 20 calls against a budget's worth (a 20 ms call: 0.4 s of 0.25 s + ...)
+# A call's time before any launch has measured one: latency_us + bytes x 2(n-1)/n / bus bandwidth.  nccl:
+# 30 us and 10 GB/s, the slow end of a PCIe Gen4 x16 box (no 8-GPU PCIe box has run yet:
+# benchmarks/pcie8_estimate.py prints the 10-25 GB/s range); gloo: 2 ranks on the 2-core development
+# machine, 2026-12-06 (4 KB: 0.35-0.42 ms median, 8 MB: 5.8-6.6 ms).
+CALL_MODEL = {"nccl": (30.0, 10e9), "gloo": (400.0, 1.4e9)}
 
 
 @dataclass(frozen=True)
@@ -63,17 +69,64 @@ def series(spec) -> int:
     return max(1, len(spec.modes) * len(spec.vias))
 
 
+def call_us(spec, size_bytes: int, latency_us: float | None = None, busbw: float | None = None) -> float:
+    """One all-reduce of ``size_bytes`` before any launch has timed one (CALL_MODEL)."""
+    lat, bw = CALL_MODEL.get(spec.backend, CALL_MODEL["gloo"])
+    lat, bw = latency_us if latency_us is not None else lat, busbw or bw
+    ranks = max(2, int(spec.nproc_per_node or 2) * int(getattr(spec, "nnodes", 1) or 1))
+    return lat + size_bytes * 2.0 * (ranks - 1) / ranks / bw * 1e6
+
+
+def size_s(spec, one_call_us: float, modes=None, vias=None) -> float:
+    """Seconds a launch spends on one size whose all-reduce takes ``one_call_us``, in ``modes`` x ``vias``
+    (default: the spec's), counted call by call as worker.py makes them."""
+    plan = {"warmup": spec.warmup, "iters": spec.iters, "time_per_size_ms": spec.time_per_size_ms,
+            "window_us": spec.window_us, "batch": spec.batch}
+    modes, vias = list(modes or spec.modes), list(vias or spec.vias)
+    budget = bool(spec.time_per_size_ms)
+    warm = worker.warmup_count(plan, one_call_us)
+    calls = 0
+    for _ in vias:
+        calls += 1 + ("graph" in modes)  # the correctness check (eager, and once in a graph)
+        for mode in modes:
+            if spec.backend != "nccl":  # gloo: warmup (one timed call first with a budget), batch-1 samples
+                calls += max(1, warm) if budget else warm
+                calls += worker.timed_count(plan, one_call_us)
+                continue
+            batch = worker._auto_batch(plan, one_call_us)
+            n = worker.timed_count(plan, one_call_us * batch)
+            if mode == "graph":
+                probe = 0
+                if plan["batch"] == "auto":  # with a budget one timed call first; the probe graph if it is short
+                    long_call = budget and one_call_us * worker.PROBE_BATCH >= float(spec.window_us)
+                    probe = (1 if budget else 0) + (0 if long_call else 1 + worker.PROBE_BATCH * (1 + (1 if budget else 3)))
+                calls += probe + 1 + max(1, -(-warm // batch)) * batch + (2 * batch if budget else 0) + n * batch
+            else:
+                calls += 1 + (max(1, warm) if budget else max(1, spec.warmup)) + n * batch
+    return calls * one_call_us / 1e6
+
+
+def measure_s(spec, modes=None, vias=None, sizes=None, **model) -> float:
+    """Seconds of measuring in a launch of ``spec`` (every size, or ``sizes`` in bytes), each call's time
+    from CALL_MODEL (``latency_us``/``busbw`` override it)."""
+    sizes = sizes if sizes is not None else [s.bytes for s in spec.sizes]
+    return sum(size_s(spec, call_us(spec, b, **model), modes, vias) for b in sizes)
+
+
 def recorded(spec, method: str) -> Cost:
-    """Before any launch: the recorded start-up of this backend and method, and the time budget."""
+    """Before any launch: the recorded start-up of this backend and method, and the measuring counted from
+    the call model."""
     start = STARTUP_S.get((spec.backend, method), STARTUP_S[(spec.backend, "torchrun")]
                           if (spec.backend, "torchrun") in STARTUP_S else 10.0)
-    cells = series(spec) * len(spec.sizes)
-    if spec.time_per_size_ms:
-        measure = cells * spec.time_per_size_ms / 1000.0 * (1 + WARMUP_SHARE)
-        how = (f"measuring at most {series(spec)} series x {len(spec.sizes)} sizes x {spec.time_per_size_ms:g} ms "
-               f"budget (+{WARMUP_SHARE:.0%} warmup), less where small messages reach iters first")
-    else:
-        measure, how = None, "fixed counts (time_per_size_ms: null): measuring time known from the first launch"
+    lat, bw = CALL_MODEL.get(spec.backend, CALL_MODEL["gloo"])
+    if spec.model or not spec.sizes:
+        return Cost(start, None, "recorded", f"start-up {start:.2f} s a launch ({spec.backend}, {method}; "
+                    "benchmarks/README.md); measuring known from the first launch")
+    measure = measure_s(spec)
+    budget = (f"time_per_size_ms {spec.time_per_size_ms:g}" if spec.time_per_size_ms
+              else "fixed counts (time_per_size_ms: null)")
+    how = (f"measuring {measure:.1f} s: {series(spec)} series x {len(spec.sizes)} sizes, {budget}, a call "
+           f"{lat:g} us + bytes over {bw / 1e9:g} GB/s (assumed: eta.CALL_MODEL) until the first launch has run")
     return Cost(start, measure, "recorded",
                 f"start-up {start:.2f} s a launch ({spec.backend}, {method}; benchmarks/README.md); {how}")
 

@@ -79,6 +79,12 @@ PROBE_BATCH = 10  # all-reduces in the graph that estimates one call's device ti
 # time_per_size_ms: the fewest samples a size is timed with; the launch value trims 5% of each end, so
 # 20 samples still drop one at each end (and the smallest sizes reach ``iters`` within the budget anyway)
 MIN_TIMED = 20
+# time_per_size_ms: warmup calls are at most this share of the budget (never more than ``warmup``, never
+# fewer than MIN_WARMUP).  Before them every size has had its correctness check and, in graph mode, the
+# probe (PROBE_BATCH calls): 20 warmup calls of a 20 ms all-reduce (117 MB on PCIe) would be 0.4 s of a
+# 50 ms budget, and 20 calls of a 7 us one still fit in 0.14 ms.
+WARMUP_SHARE = 0.1
+MIN_WARMUP = 2
 
 
 def _test_fault() -> str:
@@ -370,6 +376,19 @@ def _auto_batch(plan, one_call_us: float) -> int:
     return max(1, min(MAX_BATCH, math.ceil(float(plan.get("window_us", 500)) / max(one_call_us, 0.01))))
 
 
+def warmup_count(plan, call_us: float, agree=lambda n: n) -> int:
+    """Warmup calls before timing: ``warmup``, or with ``time_per_size_ms`` as many as fit WARMUP_SHARE of
+    the budget (at least MIN_WARMUP, at most ``warmup``), agreed over ranks like timed_count (every rank
+    must issue the same number of collectives).  Fixed counts (``time_per_size_ms: null``) keep the
+    plan's ``warmup`` exactly."""
+    warm = int(plan["warmup"])
+    budget_ms = plan.get("time_per_size_ms")
+    if not budget_ms or warm <= MIN_WARMUP:
+        return warm
+    fits = math.ceil(WARMUP_SHARE * float(budget_ms) * 1000.0 / max(call_us, 0.01))
+    return agree(max(MIN_WARMUP, min(warm, fits)))
+
+
 def timed_count(plan, sample_us: float, agree=lambda n: n) -> int:
     """How many samples to time: ``iters``, or with ``time_per_size_ms`` as many as fit that budget
     (at least MIN_TIMED, at most ``iters``), the same on every rank (the max over ranks: ranks that
@@ -400,16 +419,31 @@ def _window_us(torch, stream, fn, reps: int) -> float:
 
 def _time_graph(torch, path, buf, plan, agree=lambda n: n) -> tuple[list[float], int]:
     iters, where = plan["iters"], plan.get("replay_stream", "side")
+    budget = bool(plan.get("time_per_size_ms"))
     if plan.get("batch", "auto") == "auto":
-        probe, stream = _capture(torch, path, buf, PROBE_BATCH, where)
-        probe.replay()
-        batch = agree(_auto_batch(plan, _window_us(torch, stream, probe.replay, 3) / (3 * PROBE_BATCH)))
-        del probe
+        one_call_us = None
+        if budget:  # one eager call, timed: a call of a tenth of the window or more needs no probe graph
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            single = agree(math.ceil(_window_us(torch, side, path.op(buf, side), 1)))  # every rank decides alike
+            if single * PROBE_BATCH >= float(plan.get("window_us", 500)):
+                one_call_us = float(single)
+        if one_call_us is None:
+            probe, stream = _capture(torch, path, buf, PROBE_BATCH, where)
+            probe.replay()
+            reps = 1 if budget else 3  # a budget: one timed replay of the probe is enough
+            one_call_us = _window_us(torch, stream, probe.replay, reps) / (reps * PROBE_BATCH)
+            del probe
+        batch = agree(_auto_batch(plan, one_call_us))
     else:
         batch = int(plan["batch"])
+        one_call_us = None
     g, stream = _capture(torch, path, buf, batch, where)
+    if one_call_us is None and plan.get("time_per_size_ms"):  # a fixed batch: one replay says a call's time
+        one_call_us = _window_us(torch, stream, g.replay, 1) / batch
+    warm = warmup_count(plan, one_call_us or 0.0, agree)
     with torch.cuda.stream(stream):
-        for _ in range(max(1, -(-plan["warmup"] // batch))):
+        for _ in range(max(1, -(-warm // batch))):
             g.replay()
         stream.synchronize()
     if plan.get("time_per_size_ms"):
@@ -429,8 +463,15 @@ def _time_graph(torch, path, buf, plan, agree=lambda n: n) -> tuple[list[float],
 def _time_eager_cuda(torch, op, plan, agree=lambda n: n) -> tuple[list[float], list[float], int]:
     op()
     torch.cuda.synchronize()
-    warm = max(1, plan["warmup"])
-    one_call_us = _window_us(torch, torch.cuda.current_stream(), op, warm) / warm
+    stream = torch.cuda.current_stream()
+    if plan.get("time_per_size_ms"):  # one timed call says how many warmup calls fit the budget's share
+        one_call_us = _window_us(torch, stream, op, 1)
+        rest = warmup_count(plan, one_call_us, agree) - 1
+        if rest > 0:
+            one_call_us = _window_us(torch, stream, op, rest) / rest
+    else:
+        warm = max(1, plan["warmup"])
+        one_call_us = _window_us(torch, stream, op, warm) / warm
     batch = agree(_auto_batch(plan, one_call_us))
     iters = timed_count(plan, one_call_us * batch, agree)
     events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
@@ -451,14 +492,20 @@ def _time_eager_cuda(torch, op, plan, agree=lambda n: n) -> tuple[list[float], l
 
 def _time_eager_host(op, plan, agree=lambda n: n) -> list[float]:
     clock = time.perf_counter_ns
-    t0 = clock()
-    for _ in range(plan["warmup"]):
-        op()
-    warm_us = (clock() - t0) / 1000.0 / max(1, plan["warmup"])
-    if plan.get("time_per_size_ms") and not plan["warmup"]:
+
+    def calls_us(n: int) -> float:
         t0 = clock()
-        op()
-        warm_us = (clock() - t0) / 1000.0
+        for _ in range(n):
+            op()
+        return (clock() - t0) / 1000.0 / max(1, n)
+
+    if plan.get("time_per_size_ms"):  # one timed call says how many warmup calls fit the budget's share
+        warm_us = calls_us(1)
+        rest = warmup_count(plan, warm_us, agree) - 1
+        if rest > 0:
+            warm_us = calls_us(rest)
+    else:
+        warm_us = calls_us(plan["warmup"])
     out = []
     for _ in range(timed_count(plan, warm_us, agree)):
         t0 = clock()
