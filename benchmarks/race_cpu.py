@@ -10,7 +10,7 @@ debug-off (it must come out certified faster where the effect is real) and seed 
 never be certified).
 
     today:  --set time_per_size_ms=null --set racing=false   (every size iters samples, every launch)
-    new:    the defaults (time_per_size_ms: 250, racing: true)
+    new:    the defaults (time_per_size_ms: 25, warmup within a tenth of it, racing: true)
 
 Printed: each sweep's wall time, launches per status, the certified claims, and new/today.  Done when
 new/today <= 0.35, the certified claims on debug-off are the same in both, and nothing is certified on
