@@ -110,7 +110,7 @@ def main(debug: bool, allow_user_files: bool) -> None:
     On a GPU box, in this order (README.md, "On your GPU box"):
       commdiag doctor                           the machine: topology, hooks, env
       commdiag sweep sweeps/nvlink2-aa.yaml     A/A check: must certify nothing
-      commdiag sweep sweeps/pcie8.yaml          the sweep (20-26 min, 8 GPUs)
+      commdiag sweep sweeps/pcie8.yaml          the sweep (7-9 min, 8 GPUs)
       commdiag report reports/RUN               report.html and the verdicts
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here

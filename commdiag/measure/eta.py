@@ -33,10 +33,11 @@ STARTUP_S = {("nccl", "forkserver"): 1.55, ("nccl", "torchrun"): 9.73,
 # The launch servers' one-time start, added once per command that uses them (first launch of 1x H200:
 # 4.79 s against 1.55 s after it).
 SERVER_START_S = {"nccl": 3.2, "gloo": 1.0}
-# sweeps/pcie8.yaml on 8 PCIe GPUs as shipped (nccl: launch forkserver), from these components, the time
-# budget and the planned launches (benchmarks/pcie8_estimate.py; 41-47 min with launch: torchrun).  The
-# README, --help and the spec's comment quote it (tests/test_plan_eta.py).
-PCIE8_ESTIMATE = "20-26 min"
+# sweeps/pcie8.yaml on 8 PCIe GPUs as shipped (nccl: launch forkserver, time_per_size_ms 25, via torch),
+# from these components, the call model at 25-10 GB/s and the planned launches with stage 2's most
+# (benchmarks/pcie8_estimate.py: 6.7-9.1 min; 27-30 min with launch: torchrun).  The README, --help and
+# the spec's comment quote it (tests/test_plan_eta.py).
+PCIE8_ESTIMATE = "7-9 min"
 # A call's time before any launch has measured one: latency_us + bytes x 2(n-1)/n / bus bandwidth.  nccl:
 # 30 us and 10 GB/s, the slow end of a PCIe Gen4 x16 box (no 8-GPU PCIe box has run yet:
 # benchmarks/pcie8_estimate.py prints the 10-25 GB/s range); gloo: 2 ranks on the 2-core development

@@ -80,7 +80,7 @@ def start_banner(spec: Spec, run: dict, run_dir: Path) -> StagePlan:
                f"trial{'s' if spec.trials != 1 else ''}"
                + ("; racing may drop clear losers" if (run.get("racing") or {}).get("enabled") else "") + ")"
                if stage1 else "") + then)
-    lines = [line, f"  expected: {minutes(est)} in all" + (" at most" if most else "") + f" ({cost.note})"
+    lines = [line, f"  expected: {minutes(est)} in all" + (" with stage 2's most" if most else "") + f" ({cost.note})"
              if est is not None else f"  expected: from the first launch on ({cost.note})"]
     how = run.get("launch", {})
     if how.get("method"):
@@ -156,7 +156,7 @@ def dry_run(spec: Spec, how: str, why: str | None) -> StagePlan:
         est = None
     else:
         est = eta.SERVER_START_S.get(spec.backend, 0.0) * (how == "forkserver") + n1 * one1 + most * one2
-        lines.append(f"  expected: {minutes(est)} at most: {n1} x {one1:.1f} s + {most} x {one2:.1f} s "
+        lines.append(f"  expected: {minutes(est)}: {n1} x {one1:.1f} s + at most {most} x {one2:.1f} s "
                      f"(stage 2 times one series)" + (" + the launch servers' start" if how == "forkserver" else ""))
         lines.append(f"    {cost.note}")
     return StagePlan("dry-run", n1 + most, est, fit(lines))
@@ -308,11 +308,6 @@ def add_rounds(run: dict, plan: dict, spec: Spec, rounds: int) -> None:
                                     "stage": 2, "round": r, "status": results.PENDING})
 
 
-# Launches a 1-2 token all-reduce launch takes, for cost estimates before any launch (recorded: 2x H200
-# 12-17 s with both call paths, CPU gloo 2-4 s).
-EST_LAUNCH_S = {"nccl": 15.0, "gloo": 3.0}
-
-
 def certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
     """--certify-sizes: enough trials for a one-stage exact test of every config x size (primary mode),
     paired by trial (certify.certify_sizes)."""
@@ -321,10 +316,11 @@ def certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
     if spec.trials < k:
         spec = dataclasses.replace(spec, trials=k)
     n = spec.trials * len(spec.configs)
-    est = n * EST_LAUNCH_S.get(spec.backend, 15.0)
+    one = eta.recorded(spec, spec.launch or "torchrun").launch_s() or eta.recorded(spec, "torchrun").startup_s
+    est = n * one
     return spec, StagePlan("certify-sizes", n, est, (
         f"per-size certification: {len(spec.configs) - 1} configs x {len(spec.sizes)} sizes = {m} claims, each must "
         f"reach p <= {stats.ALPHA / 2 / m:.2g} (half the run's 1%; stage 2's band claims get the other half), paired by trial: {spec.trials} trials "
         f"(launches per config; {floor} reach it only if every one is complete and of one sign, so "
         f"{certify.SIZES_SPARE_TRIALS} spare take a failed launch), {n} launches in stage 1 "
-        f"(about {est / 60:.0f} min at ~{EST_LAUNCH_S.get(spec.backend, 15.0):.0f} s a launch)",))
+        f"(about {est / 60:.0f} min at ~{one:.0f} s a launch, measure/eta.py)",))
