@@ -9,18 +9,9 @@ set -u
 . "$(dirname "$0")/gpu_env.sh"  # multicast off, carried wheels, this checkout first
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 G=/tmp/gpu-budget; mkdir -p $G
-DEADLINE=$(( $(date +%s) + ${BUDGET_S:-480} ))
-left() { echo $(( DEADLINE - $(date +%s) )); }
+. "$(dirname "$0")/gpu_steps.sh" 480  # DEADLINE, left, step
 finish() { tar czf "$OUT/gpu-budget.tgz" -C /tmp gpu-budget; ls -la "$OUT"; }
 trap finish EXIT
-step() {  # NAME SECONDS_NEEDED CMD...: skipped when the budget is short
-  local name=$1 need=$2; shift 2
-  local t=$(( $(left) - 20 )); [ $t -lt $need ] && { echo "skip $name: ${t}s left, needs ${need}s" | tee -a $G/skipped.txt; return 1; }
-  local s=$(date +%s)
-  timeout -s INT -k 20 $t "$@" > $G/$name.txt 2>&1; local rc=$?
-  echo "$name rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a $G/$name.txt $G/rc.txt
-  tail -5 $G/$name.txt; return $rc
-}
 { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version())'; } > $G/versions.txt 2>&1
 cat $G/versions.txt
 for rep in 1 2; do
