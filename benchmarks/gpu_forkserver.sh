@@ -14,8 +14,18 @@ set -u
 . "$(dirname "$0")/gpu_env.sh"  # multicast off, carried wheels, this checkout first
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 G=/tmp/gpu-fs; mkdir -p $G
-. "$(dirname "$0")/gpu_steps.sh" 470  # DEADLINE, left, step
+DEADLINE=$(( $(date +%s) + ${BUDGET_S:-470} ))
+left() { echo $(( DEADLINE - $(date +%s) )); }
 finish() { tar czf "$OUT/gpu-forkserver.tgz" -C /tmp gpu-fs; ls -la "$OUT"; }
+step() {  # NAME SECONDS_NEEDED CMD...: run once (marks itself done), skipped when the budget is short
+  local name=$1 need=$2; shift 2; [ -f $G/done-$name ] && { cat $G/$name.txt; return 0; }
+  local t=$(( $(left) - 15 )); [ $t -lt $need ] && { echo "skip $name: ${t}s left, needs ${need}s" | tee -a $G/skipped.txt; return 1; }
+  local s=$(date +%s)
+  timeout -s INT -k 20 $t "$@" > $G/$name.txt 2>&1; local rc=$?
+  echo "$name rc=$rc wall=$(( $(date +%s) - s ))s" | tee -a $G/$name.txt $G/rc.txt
+  cat $G/$name.txt
+  [ $rc -ne 124 ] && [ $rc -ne 130 ] && touch $G/done-$name; return $rc
+}
 case "${1:-}" in
   all)
     trap finish EXIT
