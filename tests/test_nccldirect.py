@@ -76,7 +76,9 @@ def test_vias_default_and_validation(tmp_path):
         load_spec(write_spec(tmp_path / "d.yaml", vias=["nccl-direct"]))
     assert e.value.field == "vias[0]"
     nccl = load_spec(write_spec(tmp_path / "n.yaml", backend="nccl", modes=["graph", "eager"]))
-    assert nccl.vias == ("torch", "nccl-direct") and nccl.replay_stream == "side"  # NCCL: both call paths
+    assert nccl.vias == ("torch",) and nccl.replay_stream == "side"  # NCCL: torch by default (docs/fidelity.md)
+    both = load_spec(write_spec(tmp_path / "b.yaml", backend="nccl", vias=["torch", "nccl-direct"]))
+    assert both.vias == ("torch", "nccl-direct")  # nccl-direct on request
     with pytest.raises(SpecError, match="side, default"):
         load_spec(write_spec(tmp_path / "r.yaml", replay_stream="main"))
 
