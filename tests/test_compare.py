@@ -99,6 +99,18 @@ def test_fingerprint_and_settings_differences_are_warnings(tmp_path):
     assert "warning: settings differ: configs.ll.env" in text
 
 
+def test_a_time_budget_against_fixed_counts_is_a_settings_difference(tmp_path):
+    """Comparing a time-budgeted run with a fixed-count one says so (#31: the counts differ per size)."""
+    table = {"default": {s: [10.0, 10.3, 9.9] for s in SIZES}}
+    a, b = make_run(tmp_path / "a", table), make_run(tmp_path / "b", table)
+    for run_dir, budget in ((a, None), (b, 25.0)):
+        run = json.loads((run_dir / "run.json").read_text())
+        run["spec"]["time_per_size_ms"] = budget
+        (run_dir / "run.json").write_text(json.dumps(run))
+    text = compare.render_text(compare.compare(results.load_run(a), results.load_run(b)))
+    assert "warning: settings differ: spec.time_per_size_ms: None (A) vs 25.0 (B)" in text
+
+
 def test_v1_and_v2_runs_match_on_common_configs_and_sizes():
     r = compare.run(FIXTURES / "cpu-aa-a", FIXTURES / "cpu-faults")
     assert {(c.config, c.size_bytes) for c in r.changes} == {

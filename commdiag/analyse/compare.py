@@ -37,7 +37,7 @@ from . import celltime, stats
 COMPARE_FORMAT, COMPARE_VERSION = "commdiag-compare", 2
 # Run-level settings that change what a number means (besides the fingerprint).
 SETTINGS = ("world_size", "nproc_per_node", "spec.backend", "spec.dtype", "spec.iters", "spec.warmup",
-            "spec.batch", "spec.window_us", "spec.vias", "spec.replay_stream", "spec.reuse_process", "spec.nnodes",
+            "spec.batch", "spec.window_us", "spec.time_per_size_ms", "spec.vias", "spec.replay_stream", "spec.reuse_process", "spec.nnodes",
             "spec.base_env", "method")
 
 
