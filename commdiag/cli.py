@@ -114,7 +114,7 @@ def main(debug: bool, allow_user_files: bool) -> None:
       commdiag report reports/RUN               report.html and the verdicts
       commdiag install-hook --from reports/RUN  persist a certified winner
       commdiag check-env                        did the settings arrive here
-    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (21 s, docs/times.md)."""
+    On a CPU machine: commdiag sweep sweeps/cpu-smoke.yaml (16 s, docs/times.md)."""
     from . import readfile
 
     readfile.allow_others(allow_user_files)

@@ -85,24 +85,28 @@ def test_pcie8_time_is_the_same_in_the_spec_the_readme_and_help():
     assert number in cli.main.help
 
 
-def test_the_call_count_model_reproduces_a_real_launchs_measuring(tmp_path):
-    """eta.size_s counts the calls worker.py makes per size; fed a real gloo launch's own per-call times it
-    must give that launch's measuring time, within what it leaves out (building the check's pattern and
-    the buffers, the barriers: 0.6-0.8 of a launch here on 2 cores)."""
-    import statistics
+def test_the_call_count_model_counts_the_calls_the_worker_makes(tmp_path):
+    """eta.size_s counts the calls worker.py makes per size (here gloo's host path: the check, the warmup,
+    the samples).  Fed an all-reduce of a known, steady time it must count exactly the calls the worker's
+    own timing loop makes, at a call on the 20-sample floor (2 ms) and one at ``iters`` (50 us)."""
+    import time as _time
 
-    from conftest import run_cli, write_spec
+    from commdiag.measure import worker
 
-    out = tmp_path / "run"
-    spec_file = write_spec(tmp_path / "s.yaml", sizes={"bytes": [4096, 1 << 20, 8 << 20]}, warmup=20, iters=200,
-                           time_per_size_ms=25)
-    proc = run_cli("sweep", spec_file, "--out", out, "--no-confirm")
-    assert proc.returncode == 0, proc.stderr
-    spec = load_spec(spec_file)
-    result = json.loads((out / "launches" / "0000" / "result.json").read_text())
-    rank = result["ranks"][0]
-    per_size = rank["samples"]["torch"]["eager"]
-    # the mean, not the median: gloo's calls here have a heavy tail (4 KB: median 0.4 ms, mean 1.9 ms)
-    predicted = sum(eta.size_s(spec, statistics.fmean(v)) for v in per_size.values())
-    measured = max(r["measure_s"] for r in result["ranks"])
-    assert 0.45 * measured <= predicted <= 1.3 * measured, (predicted, measured, {k: len(v) for k, v in per_size.items()})
+    from conftest import write_spec
+
+    spec = load_spec(write_spec(tmp_path / "s.yaml", warmup=20, iters=200, time_per_size_ms=25))
+    plan = {"warmup": spec.warmup, "iters": spec.iters, "time_per_size_ms": spec.time_per_size_ms}
+    for call_s in (2e-3, 50e-6):
+        calls = []
+
+        def op():
+            calls.append(1)
+            end = _time.perf_counter() + call_s
+            while _time.perf_counter() < end:
+                pass
+
+        samples = worker._time_eager_host(op, plan)
+        made = 1 + len(calls)  # + the correctness check's call
+        assert len(samples) == (worker.MIN_TIMED if call_s > 1e-3 else spec.iters)
+        assert round(eta.size_s(spec, call_s * 1e6) / call_s) == made, (call_s, made, len(samples))
