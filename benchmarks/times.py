@@ -49,17 +49,17 @@ GPU = [
     ("nvlink2-aa", "commdiag sweep sweeps/nvlink2-aa.yaml", "about 2 min",
      "9 screening + at most 39 stage-2 launches (13 rounds); estimate",
      "estimate (`--dry-run`, measure/eta.py): 1.55 s a forked launch (1x H200, benchmarks/README.md) + "
-     "every call of 25 ms a size and mode, counted at 10 GB/s (NVLink is faster); with launch: torchrun "
+     "every all-reduce of 25 ms a size and mode, counted at 10 GB/s (NVLink is faster); with launch: torchrun "
      "8.6 min (the launches recorded 2026-11-30 on 2x H200, 250 ms and both call paths: 9.4 min)"),
     ("nvlink2", "commdiag sweep sweeps/nvlink2.yaml", "about 3.5 min",
      "24 screening + at most 52 stage-2 launches (13 rounds); estimate",
      "estimate (`--dry-run`, measure/eta.py): 1.55 s a forked launch (1x H200, benchmarks/README.md) + "
-     "every call of 25 ms a size and mode, counted at 10 GB/s (NVLink is faster); with launch: torchrun "
+     "every all-reduce of 25 ms a size and mode, counted at 10 GB/s (NVLink is faster); with launch: torchrun "
      "13.8 min (the launches recorded 2026-11-30 on 2x H200, 250 ms and both call paths: 9-15 min)"),
     ("pcie8", "commdiag sweep sweeps/pcie8.yaml", "7-9 min",
      "81 screening + at most 70 stage-2 launches (14 rounds); estimate",
      "estimate from measured components (benchmarks/pcie8_estimate.py): 1.55 s a forked launch (1x "
-     "H200), 1.4-2.6 s of measuring a screening launch (every call of 25 ms a size and mode, counted) "
+     "H200), 1.4-2.7 s of measuring a screening launch (every all-reduce of 25 ms a size and mode, counted) "
      "at an assumed 25-10 GB/s PCIe bus, stage 2's most launches; launch: torchrun 27-30 min; not run "
      "yet on an 8-GPU box"),
     ("step-moe-tp2", "commdiag step sweeps/step-moe-tp2.yaml", "15-20 min",

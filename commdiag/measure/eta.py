@@ -11,12 +11,14 @@ not start the launch servers (the first launch of a command carries their one-ti
 GPU box: it is left out once another launch is in), measuring the median ``measure_s`` per series x size.
 
 Before any launch (``recorded``, and ``commdiag sweep SPEC --dry-run``): the components recorded in
-benchmarks/README.md, per backend and launch method (``STARTUP_S``), and the measuring counted call by
-call as worker.py makes them (``size_s``: the correctness check, graph mode's probe, the warmup, the
-calibration and the timed samples, with ``time_per_size_ms`` as many as fit the budget: worker.timed_count
-and worker.warmup_count), each call's time from a model (``CALL_MODEL``: a latency plus a ring
-all-reduce's bytes per rank over a bus bandwidth).  The model's numbers are assumptions until a launch has
-run; from the first launch on the measured times replace them.
+benchmarks/README.md, per backend and launch method (``STARTUP_S``), and the measuring counted all-reduce
+by all-reduce as worker.py makes them (``size_s``: the correctness check, graph mode's probe, the warmup,
+the calibration and the timed samples, with ``time_per_size_ms`` as many as fit the budget:
+worker.timed_count and worker.warmup_count), each call's time from a model (``CALL_MODEL``: a latency
+plus a ring all-reduce's bytes per rank over a bus bandwidth).  Left out: the barriers and the ranks'
+agreements over gloo, capturing the graphs, building the check's buffers (1x H100: the count gave
+0.87-0.89 of the measuring, benchmarks/README.md 2026-12-06).  The model's numbers are assumptions until
+a launch has run; from the first launch on the measured times replace them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ STARTUP_S = {("nccl", "forkserver"): 1.55, ("nccl", "torchrun"): 9.73,
 SERVER_START_S = {"nccl": 3.2, "gloo": 1.0}
 # sweeps/pcie8.yaml on 8 PCIe GPUs as shipped (nccl: launch forkserver, time_per_size_ms 25, via torch),
 # from these components, the call model at 25-10 GB/s and the planned launches with stage 2's most
-# (benchmarks/pcie8_estimate.py: 6.7-9.1 min; 27-30 min with launch: torchrun).  The README, --help and
+# (benchmarks/pcie8_estimate.py: 6.8-9.3 min; 27-30 min with launch: torchrun).  The README, --help and
 # the spec's comment quote it (tests/test_plan_eta.py).
 PCIE8_ESTIMATE = "7-9 min"
 # A call's time before any launch has measured one: latency_us + bytes x 2(n-1)/n / bus bandwidth.  nccl:
@@ -98,9 +100,11 @@ def size_s(spec, one_call_us: float, modes=None, vias=None) -> float:
             n = worker.timed_count(plan, one_call_us * batch)
             if mode == "graph":
                 probe = 0
-                if plan["batch"] == "auto":  # with a budget one timed call first; the probe graph if it is short
-                    long_call = budget and one_call_us * worker.PROBE_BATCH >= float(spec.window_us)
-                    probe = (1 if budget else 0) + (0 if long_call else 1 + worker.PROBE_BATCH * (1 + (1 if budget else 3)))
+                if plan["batch"] == "auto":  # with a budget two timed calls first; the probe graph unless one fills the window
+                    long_call = budget and one_call_us >= float(spec.window_us)
+                    probe = (2 if budget else 0) + (0 if long_call else 1 + worker.PROBE_BATCH * (1 + (1 if budget else 3)))
+                elif budget:  # a fixed batch: one replay says a call's time
+                    probe = batch
                 calls += probe + 1 + max(1, -(-warm // batch)) * batch + (2 * batch if budget else 0) + n * batch
             else:
                 calls += 1 + (max(1, warm) if budget else max(1, spec.warmup)) + n * batch
@@ -178,6 +182,10 @@ def remaining_s(spec, run: dict, cost: Cost, launches: list[dict] | None = None,
 
 
 def stage2_graph_share(spec) -> float:
-    """Before screening: a stage-2 launch times one series (the primary mode, one call path) at every
-    band's sizes (sweep._stage2_measure), so 1/series of a screening launch."""
-    return 1.0 / series(spec)
+    """Before screening: a stage-2 launch times one series (the primary mode, the first call path) at
+    every band's sizes (stages.stage2_measure): its share of a screening launch's measuring, from the call
+    model (graph mode costs more than eager), or 1/series where the model has no sizes to count."""
+    if spec.model or not spec.sizes:
+        return 1.0 / series(spec)
+    full = measure_s(spec)
+    return measure_s(spec, modes=spec.modes[:1], vias=spec.vias[:1]) / full if full > 0 else 1.0 / series(spec)

@@ -186,8 +186,8 @@ def _count_text(spec: Spec) -> str:
     if spec.time_per_size_ms is None:
         return str(spec.iters)
     return (f"as many as fit {spec.time_per_size_ms:g} ms per size (at least {min(20, spec.iters)}, at most "
-            f"{spec.iters}; calibrated in the launch from its fastest warmup call; warmup at most "
-            f"{spec.warmup} calls within a tenth of the budget)")
+            f"{spec.iters}; calibrated in the launch from its fastest warmup call; warmup within a tenth "
+            f"of the budget, at most {spec.warmup} calls or one graph replay)")
 
 
 def _reuse_warning(spec: Spec) -> list[str]:

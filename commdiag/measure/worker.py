@@ -77,7 +77,8 @@ EXPLAIN_CALLS = 3  # all-reduces per size in an explain launch: NCCL logs its ch
 MAX_BATCH = 1000  # calls per sample with batch: auto (1000 x 7 us = 7 ms: plenty of window)
 PROBE_BATCH = 10  # all-reduces in the graph that estimates one call's device time
 # time_per_size_ms: the fewest samples a size is timed with; the launch value trims 5% of each end, so
-# 20 samples still drop one at each end (and the smallest sizes reach ``iters`` within the budget anyway)
+# 20 samples still drop one at each end (a sample of a small NCCL message is a 500 us window of calls:
+# 50 of them fit 25 ms)
 MIN_TIMED = 20
 # time_per_size_ms: warmup calls are at most this share of the budget (never more than ``warmup``, never
 # fewer than MIN_WARMUP).  Before them every size has had its correctness check and, in graph mode, the
@@ -395,8 +396,8 @@ def timed_count(plan, sample_us: float, agree=lambda n: n) -> int:
     timed different counts would issue different numbers of collectives and hang).
 
     Calibrated in the launch itself from the warmup's time per sample, as pyperf calibrates its loops:
-    a 117 MB all-reduce of 20 ms is timed 20 times in 400 ms, not 200 times in 4 s, while a 7 us one
-    still gets its full ``iters``."""
+    with 25 ms, a 117 MB all-reduce of 20 ms is timed 20 times in 400 ms, not 200 times in 4 s, and a
+    7 us one 50 windows of 500 us (70 calls each) in 25 ms, not 200 in 100 ms."""
     iters = int(plan["iters"])
     budget_ms = plan.get("time_per_size_ms")
     if not budget_ms:
@@ -422,11 +423,14 @@ def _time_graph(torch, path, buf, plan, agree=lambda n: n) -> tuple[list[float],
     budget = bool(plan.get("time_per_size_ms"))
     if plan.get("batch", "auto") == "auto":
         one_call_us = None
-        if budget:  # one eager call, timed: a call of a tenth of the window or more needs no probe graph
+        if budget:  # a call that fills the window alone (batch 1) needs no probe graph
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            single = agree(math.ceil(_window_us(torch, side, path.op(buf, side), 1)))  # every rank decides alike
-            if single * PROBE_BATCH >= float(plan.get("window_us", 500)):
+            op = path.op(buf, side)
+            # the faster of two calls: the first also waits for the ranks that left the barrier later
+            single = min(_window_us(torch, side, op, 1), _window_us(torch, side, op, 1))
+            single = agree(math.ceil(single))  # every rank decides alike
+            if single >= float(plan.get("window_us", 500)):
                 one_call_us = float(single)
         if one_call_us is None:
             probe, stream = _capture(torch, path, buf, PROBE_BATCH, where)
