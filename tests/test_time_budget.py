@@ -52,3 +52,107 @@ def test_a_real_sweep_times_a_slow_size_fewer_times_and_every_rank_the_same(tmp_
     assert large < small and large >= worker.MIN_TIMED and small <= 100, counts
     run = json.loads((out / "run.json").read_text())
     assert "as many as fit 200 ms per size" in run["method"]["eager"]
+
+
+class _FakeCuda:
+    """Just enough of torch.cuda for worker's timing paths, on a virtual clock: every all-reduce advances
+    it by ``call_us`` (the first ``first_extra_us`` more: a rank that waited for the others), an event
+    records the clock, a graph replays what was captured.  The GPU paths of the budget run here on CPU
+    (the device tool can be out of time: 2026-12-06)."""
+
+    def __init__(self, call_us: float, first_extra_us: float = 0.0):
+        self.now, self.call_us, self.extra, self.calls, self.capturing = 0.0, call_us, first_extra_us, 0, None
+        fake = self
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+            def synchronize(self):
+                pass
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                self.t = None
+
+            def record(self, stream=None):
+                self.t = fake.now
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return (other.t - self.t) / 1000.0
+
+        class CUDAGraph:
+            def __init__(self):
+                self.ops = 0
+
+            def replay(self):
+                for _ in range(self.ops):
+                    fake.call()
+
+        class _Ctx:
+            def __init__(self, graph=None):
+                self.graph = graph
+
+            def __enter__(self):
+                if self.graph is not None:
+                    fake.capturing = self.graph
+
+            def __exit__(self, *exc):
+                fake.capturing = None
+
+        self.Stream, self.Event, self.CUDAGraph = Stream, Event, CUDAGraph
+        self.stream = lambda s: _Ctx()
+        self.graph = lambda g, stream=None: _Ctx(g)
+        self.current_stream = self.default_stream = lambda: Stream()
+        self.synchronize = lambda: None
+
+    def call(self):
+        if self.capturing is not None:
+            self.capturing.ops += 1
+            return
+        self.now += self.call_us + (self.extra if self.calls == 0 else 0.0)
+        self.calls += 1
+
+
+class _FakeTorch:
+    def __init__(self, cuda):
+        self.cuda = cuda
+
+
+class _FakePath:
+    def __init__(self, cuda):
+        self.cuda = cuda
+
+    def op(self, buf, stream=None):
+        return self.cuda.call
+
+
+def test_the_gpu_timing_paths_under_a_budget_on_a_fake_cuda():
+    """graph and eager (CUDA) timing, with the budget and with fixed counts: the probe graph for short
+    calls, no probe for a call that fills the window, the faster of two first calls, the warmup within a
+    tenth of the budget, and fixed counts exactly as before (warmup 20, iters 200, the 3-replay probe)."""
+    budget = {"iters": 200, "warmup": 20, "batch": "auto", "window_us": 500, "time_per_size_ms": 25}
+    fixed = {**budget, "time_per_size_ms": None}
+    for plan, call_us, extra, want_batch, want_n in (
+            (budget, 7.0, 0.0, 72, 50),        # short calls: probe graph, 500 us windows, 50 fit 25 ms
+            (budget, 7.0, 600.0, 72, 50),      # the first call waited 600 us for the other rank: still probed
+            (budget, 20_000.0, 0.0, 1, 20),    # a 117 MB all-reduce on PCIe: no probe, batch 1, the floor
+            (fixed, 7.0, 0.0, 72, 200),        # fixed counts: as before
+            (fixed, 20_000.0, 0.0, 1, 200)):
+        cuda = _FakeCuda(call_us, extra)
+        torch = _FakeTorch(cuda)
+        agreed = []
+        samples, batch = worker._time_graph(torch, _FakePath(cuda), None, plan, agree=lambda n: agreed.append(n) or n)
+        assert batch == want_batch and len(samples) == want_n, (plan["time_per_size_ms"], call_us, extra, batch, len(samples))
+        assert all(abs(s - call_us) < 1e-6 for s in samples)
+        if plan is budget and call_us > 1000:  # 2 single calls + capture's warm call + 2 warmup + 2 calibration + 20
+            assert cuda.calls == 2 + 1 + worker.MIN_WARMUP + 2 + 20, cuda.calls
+        if plan is fixed:  # the probe graph's warm call + 10 + 3 x 10, capture's warm call, warmup, samples
+            assert cuda.calls == 1 + 10 + 30 + 1 + -(-20 // batch) * batch + 200 * batch, cuda.calls
+        cuda = _FakeCuda(call_us, extra)
+        eager, host, batch = worker._time_eager_cuda(_FakeTorch(cuda), cuda.call, plan)
+        assert len(eager) == len(host) and all(abs(s - call_us) < 1e-6 for s in eager)
+        assert batch == (want_batch if plan is budget or call_us < 1000 else 1)
