@@ -82,8 +82,8 @@ PROBE_BATCH = 10  # all-reduces in the graph that estimates one call's device ti
 MIN_TIMED = 20
 # time_per_size_ms: warmup calls are at most this share of the budget (never more than ``warmup``, never
 # fewer than MIN_WARMUP).  Before them every size has had its correctness check and, in graph mode, the
-# probe (PROBE_BATCH calls): 20 warmup calls of a 20 ms all-reduce (117 MB on PCIe) would be 0.4 s of a
-# 50 ms budget, and 20 calls of a 7 us one still fit in 0.14 ms.
+# probe (PROBE_BATCH calls): 20 warmup calls of a 20 ms all-reduce (117 MB on PCIe) would be 0.4 s against
+# a 25 ms budget, and 20 calls of a 7 us one still fit in 0.14 ms.
 WARMUP_SHARE = 0.1
 MIN_WARMUP = 2
 
