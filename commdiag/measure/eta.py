@@ -76,7 +76,7 @@ def call_us(spec, size_bytes: int, latency_us: float | None = None, busbw: float
     """One all-reduce of ``size_bytes`` before any launch has timed one (CALL_MODEL)."""
     lat, bw = CALL_MODEL.get(spec.backend, CALL_MODEL["gloo"])
     lat, bw = latency_us if latency_us is not None else lat, busbw or bw
-    ranks = max(2, int(spec.nproc_per_node or 2) * int(getattr(spec, "nnodes", 1) or 1))
+    ranks = max(2, int(spec.nproc_per_node or 2) * int(spec.nnodes or 1))
     return lat + size_bytes * 2.0 * (ranks - 1) / ranks / bw * 1e6
 
 
@@ -123,10 +123,10 @@ def recorded(spec, method: str) -> Cost:
     the call model."""
     start = STARTUP_S.get((spec.backend, method), STARTUP_S[(spec.backend, "torchrun")]
                           if (spec.backend, "torchrun") in STARTUP_S else 10.0)
-    lat, bw = CALL_MODEL.get(spec.backend, CALL_MODEL["gloo"])
     if spec.model or not spec.sizes:
         return Cost(start, None, "recorded", f"start-up {start:.2f} s a launch ({spec.backend}, {method}; "
                     "benchmarks/README.md); measuring known from the first launch")
+    lat, bw = CALL_MODEL.get(spec.backend, CALL_MODEL["gloo"])
     measure = measure_s(spec)
     budget = (f"time_per_size_ms {spec.time_per_size_ms:g}" if spec.time_per_size_ms
               else "fixed counts (time_per_size_ms: null)")

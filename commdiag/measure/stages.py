@@ -316,7 +316,8 @@ def certify_sizes_plan(spec: Spec) -> tuple[Spec, StagePlan]:
     if spec.trials < k:
         spec = dataclasses.replace(spec, trials=k)
     n = spec.trials * len(spec.configs)
-    one = eta.recorded(spec, spec.launch or "torchrun").launch_s() or eta.recorded(spec, "torchrun").startup_s
+    cost = eta.recorded(spec, spec.launch)
+    one = cost.launch_s() or cost.startup_s  # a step spec: its measuring is known only from a launch
     est = n * one
     return spec, StagePlan("certify-sizes", n, est, (
         f"per-size certification: {len(spec.configs) - 1} configs x {len(spec.sizes)} sizes = {m} claims, each must "

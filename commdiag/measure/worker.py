@@ -443,14 +443,14 @@ def _time_graph(torch, path, buf, plan, agree=lambda n: n) -> tuple[list[float],
         batch = int(plan["batch"])
         one_call_us = None
     g, stream = _capture(torch, path, buf, batch, where)
-    if one_call_us is None and plan.get("time_per_size_ms"):  # a fixed batch: one replay says a call's time
+    if one_call_us is None and budget:  # a fixed batch: one replay says a call's time
         one_call_us = _window_us(torch, stream, g.replay, 1) / batch
     warm = warmup_count(plan, one_call_us or 0.0, agree)
     with torch.cuda.stream(stream):
         for _ in range(max(1, -(-warm // batch))):
             g.replay()
         stream.synchronize()
-    if plan.get("time_per_size_ms"):
+    if budget:
         iters = timed_count(plan, _window_us(torch, stream, g.replay, 2) / 2, agree)
     with torch.cuda.stream(stream):
         events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
