@@ -110,3 +110,4 @@ def test_the_call_count_model_counts_the_calls_the_worker_makes(tmp_path):
         made = 1 + len(calls)  # + the correctness check's call
         assert len(samples) == (worker.MIN_TIMED if call_s > 1e-3 else spec.iters)
         assert round(eta.size_s(spec, call_s * 1e6) / call_s) == made, (call_s, made, len(samples))
+

@@ -155,6 +155,13 @@ class Folder:
         ``stopped``, state ``stopped``: ab's first round that failed the same way for every arm), or None
         to go on."""
         procs.take_back_sigint()  # resumable after Ctrl-C, however the command was started
+        import pandas  # noqa: F401  (see below)
+
+        # The tables library before the first launch, not lazily inside the loop: the hooks and the end
+        # (racing's screening, results.assemble) import pandas and numpy, and a Ctrl-C landing inside
+        # that first import leaves numpy half-initialised in sys.modules.  The loop takes the Ctrl-C and
+        # finishes the run, and the run's end then failed with "module 'numpy' has no attribute 'matrix'"
+        # instead of saving an interrupted, resumable run (CI, tests/test_sweep.py's interrupt test).
         pending = self.pending(launches)
         walls: list[float] = []
         done = 0
